@@ -1,0 +1,1 @@
+"""specsim's simulator: pure Python (SimPy, numpy, pandas); never imports torch."""

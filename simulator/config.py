@@ -1,0 +1,226 @@
+"""The simulation configuration: one frozen dataclass, validated on construction.
+
+Every field is a command-line flag (``--max-num-seqs`` for ``max_num_seqs``) and a possible sweep axis.
+Names follow vLLM where it has one (``max_num_seqs``, ``max_num_batched_tokens``, ``block_size``,
+``num_speculative_tokens`` is ``k`` here). Units: seconds, tokens, requests per second, GiB.
+
+The resolved configuration is saved next to every result (``config.json``) and hashed
+(:func:`config_hash`) to key sweep cells.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from simulator.errors import UserError, require
+
+#: Profile shipped with the package, used when ``--profile`` is not given.
+DEFAULT_PROFILE = str(Path(__file__).resolve().parent.parent / "profiles" / "data" / "example.json")
+
+ARRIVALS = ("poisson", "gamma", "trace")
+LENGTH_DISTS = ("fixed", "file", "lognormal")
+SCHEDULERS = ("prefill-first", "chunked-prefill")
+PROPOSERS = ("draft", "ngram")
+ACCEPTANCE_MODELS = ("constant", "beta", "position", "replay")
+FITTERS = ("linear", "interp")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Everything one simulation run depends on. Same config and seed: same results, bit for bit."""
+
+    # --- workload -------------------------------------------------------------------------------
+    arrival: str = "poisson"
+    """Arrival process: ``poisson``, ``gamma`` (rate and ``cv``) or ``trace`` (replay ``trace``)."""
+    rate: float | None = 4.0
+    """Mean arrival rate, requests/s. With a trace: rescale its inter-arrival times to this mean rate."""
+    cv: float = 1.0
+    """Coefficient of variation of Gamma inter-arrival times (1 = Poisson; >1 bursty)."""
+    num_requests: int | None = 1000
+    """Number of requests (truncates a trace). ``None``: all of the trace, or until ``duration``."""
+    duration: float | None = None
+    """Stop generating arrivals after this many seconds of simulated time."""
+    trace: str | None = None
+    """Trace file: Azure LLM 2023 CSV or plain ``arrival_time,prompt_tokens,output_tokens``."""
+    trace_speedup: float | None = None
+    """Divide a trace's inter-arrival times by this factor (exclusive with ``rate`` for traces)."""
+    length_dist: str = "fixed"
+    """Lengths of synthetic requests: ``fixed``, ``file`` (sample rows of ``length_file``), ``lognormal``."""
+    prompt_len: int = 512
+    """Prompt tokens (fixed), or the median prompt length (lognormal)."""
+    output_len: int = 128
+    """Output tokens (fixed), or the median output length (lognormal)."""
+    length_sigma: float = 1.0
+    """Sigma of log-length for the lognormal length distribution."""
+    length_file: str | None = None
+    """CSV with ``num_prefill_tokens,num_decode_tokens`` (ShareGPT statistics) or ``prompt_tokens,output_tokens``."""
+    max_prompt_len: int = 8192
+    """Lognormal and file lengths are clipped to this many prompt tokens."""
+    max_output_len: int = 4096
+    """Lognormal and file lengths are clipped to this many output tokens."""
+
+    # --- serving engine (vLLM terms) ------------------------------------------------------------
+    max_num_seqs: int = 256
+    """At most this many running sequences."""
+    max_num_batched_tokens: int = 4096
+    """Token budget of one engine step (prefill tokens, plus decode tokens under chunked prefill)."""
+    block_size: int = 16
+    """Tokens per KV-cache block."""
+    num_gpu_blocks: int | None = None
+    """KV-cache blocks. ``None``: derived from the memory budget below and the profile's model sizes."""
+    gpu_memory_gb: float | None = None
+    """Device memory, GiB. ``None``: from the profile's metadata."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of device memory the engine may use (vLLM's ``gpu_memory_utilization``)."""
+    activation_reserve_gb: float = 2.0
+    """Memory kept for activations and workspace, GiB."""
+    scheduler: str = "prefill-first"
+    """``prefill-first`` (vLLM v0: a step is all prefill or all decode) or ``chunked-prefill`` (vLLM v1)."""
+
+    # --- speculation ----------------------------------------------------------------------------
+    policy: str = "no-spec"
+    """Speculation policy name (see ``policies.registry``)."""
+    k: int = 4
+    """Proposal length for ``fixed-k`` and the upper bound (K_max) for adaptive policies."""
+    policy_params: tuple[tuple[str, Any], ...] = ()
+    """Extra policy parameters as (name, value) pairs; given on the command line as ``--policy-param name=value``."""
+    policy_file: str | None = None
+    """A Python file that registers user policies; loaded before ``policy`` is looked up."""
+    proposer: str = "draft"
+    """``draft`` (a draft model, k sequential draft passes) or ``ngram`` (prompt lookup, no draft pass)."""
+    ngram_match_prob: float = 0.5
+    """n-gram proposer: probability that the lookup finds a continuation at a step."""
+    acceptance: str = "constant"
+    """Acceptance model: ``constant`` (i.i.d. rate), ``beta`` (per-request rate), ``position``, ``replay``."""
+    acceptance_rate: float = 0.8
+    """Per-token acceptance probability (constant), or the Beta mean."""
+    acceptance_concentration: float = 10.0
+    """Beta concentration (alpha + beta) of per-request acceptance rates."""
+    acceptance_positions: tuple[float, ...] = ()
+    """Acceptance probability of the j-th proposed token, j = 1..; the last value repeats."""
+    acceptance_trace: str | None = None
+    """CSV of recorded steps ``request_id,proposed,accepted`` for the replay model."""
+
+    # --- cost model -----------------------------------------------------------------------------
+    profile: str = DEFAULT_PROFILE
+    """Cost model: a profile CSV (fitted here) or a coefficient JSON."""
+    fitter: str = "linear"
+    """Fitter for a profile CSV: ``linear`` (SmartSpec's form) or ``interp`` (over the measured grid)."""
+    policy_profile: str | None = None
+    """Cost model the policy believes in; ``None``: the same as ``profile`` (a mis-profiled policy otherwise)."""
+
+    # --- run ------------------------------------------------------------------------------------
+    seed: int = 0
+    """Root of every random stream (one SeedSequence, one Generator per stream)."""
+    save_steps: bool = False
+    """Also write ``steps.csv`` (one row per engine step)."""
+
+    def __post_init__(self) -> None:
+        _choice("arrival", self.arrival, ARRIVALS)
+        _choice("length_dist", self.length_dist, LENGTH_DISTS)
+        _choice("scheduler", self.scheduler, SCHEDULERS)
+        _choice("proposer", self.proposer, PROPOSERS)
+        _choice("acceptance", self.acceptance, ACCEPTANCE_MODELS)
+        _choice("fitter", self.fitter, FITTERS)
+        if self.rate is not None:
+            _positive("rate", self.rate)
+        if self.arrival != "trace":
+            require(self.rate is not None, "config: rate is required for synthetic arrivals (--rate)")
+        else:
+            require(self.trace is not None, "config: arrival=trace needs --trace FILE")
+            require(self.rate is None or self.trace_speedup is None,
+                    "config: give either rate or trace_speedup to rescale a trace, not both")
+        _positive("cv", self.cv)
+        if self.trace_speedup is not None:
+            _positive("trace_speedup", self.trace_speedup)
+        if self.num_requests is not None:
+            _positive("num_requests", self.num_requests)
+        if self.duration is not None:
+            _positive("duration", self.duration)
+        require(self.num_requests is not None or self.duration is not None or self.arrival == "trace",
+                "config: synthetic arrivals need num_requests or duration")
+        _positive("prompt_len", self.prompt_len)
+        _positive("output_len", self.output_len)
+        _positive("length_sigma", self.length_sigma)
+        if self.length_dist == "file":
+            require(self.length_file is not None, "config: length_dist=file needs --length-file FILE")
+        _positive("max_prompt_len", self.max_prompt_len)
+        _positive("max_output_len", self.max_output_len)
+        _positive("max_num_seqs", self.max_num_seqs)
+        _positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        _positive("block_size", self.block_size)
+        if self.num_gpu_blocks is not None:
+            _positive("num_gpu_blocks", self.num_gpu_blocks)
+        if self.gpu_memory_gb is not None:
+            _positive("gpu_memory_gb", self.gpu_memory_gb)
+        require(0.0 < self.gpu_memory_utilization <= 1.0,
+                f"config: gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        require(self.activation_reserve_gb >= 0,
+                f"config: activation_reserve_gb must be >= 0, got {self.activation_reserve_gb}")
+        require(isinstance(self.k, int) and self.k >= 0, f"config: k must be an integer >= 0, got {self.k}")
+        require(self.k <= 64, f"config: k must be <= 64, got {self.k}")
+        _probability("ngram_match_prob", self.ngram_match_prob)
+        _probability("acceptance_rate", self.acceptance_rate)
+        _positive("acceptance_concentration", self.acceptance_concentration)
+        for p in self.acceptance_positions:
+            _probability("acceptance_positions", p)
+        if self.acceptance == "position":
+            require(len(self.acceptance_positions) > 0,
+                    "config: acceptance=position needs --acceptance-positions a1,a2,...")
+        if self.acceptance == "replay":
+            require(self.acceptance_trace is not None,
+                    "config: acceptance=replay needs --acceptance-trace FILE")
+        require(isinstance(self.seed, int) and self.seed >= 0, f"config: seed must be an integer >= 0, got {self.seed}")
+
+    # --------------------------------------------------------------------------------------------
+    def replace(self, **changes: Any) -> "SimConfig":
+        """A copy with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (tuples become lists)."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, tuple):
+                v = [list(x) if isinstance(x, tuple) else x for x in v]
+            out[f.name] = v
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str = "config") -> "SimConfig":
+        """Inverse of :meth:`to_dict`; unknown keys are a user error naming ``source``."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UserError(f"{source}: unknown config field {unknown[0]!r}")
+        kwargs = dict(data)
+        if "acceptance_positions" in kwargs:
+            kwargs["acceptance_positions"] = tuple(float(x) for x in kwargs["acceptance_positions"])
+        if "policy_params" in kwargs:
+            kwargs["policy_params"] = tuple((str(n), v) for n, v in kwargs["policy_params"])
+        return cls(**kwargs)
+
+
+def config_hash(config: SimConfig) -> str:
+    """Stable short hash of the resolved configuration (16 hex digits)."""
+    blob = json.dumps(config.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _choice(name: str, value: str, options: tuple[str, ...]) -> None:
+    require(value in options, f"config: {name} must be one of {', '.join(options)}; got {value!r}")
+
+
+def _positive(name: str, value: float) -> None:
+    require(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+            f"config: {name} must be > 0, got {value!r}")
+
+
+def _probability(name: str, value: float) -> None:
+    require(isinstance(value, (int, float)) and 0.0 <= value <= 1.0,
+            f"config: {name} must be in [0, 1], got {value!r}")
