@@ -62,4 +62,6 @@ def load_policy_file(path: str) -> list[str]:
 
 def _load_builtins() -> None:
     # Importing the modules runs their @register decorators.
+    import policies.goodput  # noqa: F401
     import policies.static  # noqa: F401
+    import policies.threshold  # noqa: F401

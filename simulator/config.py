@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +36,12 @@ class SimConfig:
     # --- workload -------------------------------------------------------------------------------
     arrival: str = "poisson"
     """Arrival process: ``poisson``, ``gamma`` (rate and ``cv``) or ``trace`` (replay ``trace``)."""
-    rate: float | None = 4.0
-    """Mean arrival rate, requests/s. With a trace: rescale its inter-arrival times to this mean rate."""
+    rate: float | None = None
+    """Mean arrival rate, requests/s (required for synthetic arrivals). With a trace: rescale its
+    inter-arrival times to this mean rate (``None``: the trace's own times)."""
     cv: float = 1.0
     """Coefficient of variation of Gamma inter-arrival times (1 = Poisson; >1 bursty)."""
-    num_requests: int | None = 1000
+    num_requests: int | None = None
     """Number of requests (truncates a trace). ``None``: all of the trace, or until ``duration``."""
     duration: float | None = None
     """Stop generating arrivals after this many seconds of simulated time."""

@@ -1,0 +1,192 @@
+"""SmartSpec's goodput policy (Liu et al., "Optimizing Speculative Decoding for Serving Large Language
+Models Using Goodput", arXiv 2406.14066).
+
+Each decision picks proposal lengths maximising
+
+    goodput = sum_i E[tokens_i(k_i)] / predicted step seconds,
+
+with the step time from :func:`policies.step_time.shape_seconds` on the policy's own cost model and
+E[tokens] from an acceptance estimate learned online (SmartSpec Sec. 4):
+
+    E[tokens](k) = 1 + sum_{j<=k} prod_{m<=j} a_m,
+
+the expected emitted tokens (accepted + the bonus/correction token) when position m is accepted
+with probability a_m given that it was reached. For a constant rate a this is SmartSpec's
+(1 - a^(k+1)) / (1 - a), which is k + 1 at a = 1 and 1 at a = 0; the sum form has no division.
+
+Acceptance estimates are exponential moving averages a <- (1 - w) a + w a_obs, w = 0.15, started at 0.7
+as in SmartSpec's implementation; a_obs = accepted / proposed over a step (steps that propose nothing
+are skipped). ``acceptance=global`` keeps one rate, ``request`` one per request (a request not yet
+observed uses the global rate; its first update starts from it), ``position`` one per draft position
+(P(accept j | reached j)).
+
+``mode=batch`` proposes one k for the whole batch. ``mode=request`` starts from that batch choice and
+then hill-climbs on single-request moves (raise or lower one k_i by one; take the move with the
+best goodput; stop when none improves). Starting from the batch choice rather than from all zeros
+matters: the first token proposed at a new position opens a whole draft pass, so from all zeros no
+single raise pays for itself at moderate batch sizes even when a uniform k would.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from policies.base import BatchView, Policy, StepOutcome
+from policies.params import ParamReader
+from policies.registry import register
+from policies.step_time import StepShape, shape_seconds, step_shape
+
+MODES = ("batch", "request")
+ACCEPTANCE = ("global", "request", "position")
+
+
+def expected_tokens(accept: np.ndarray) -> np.ndarray:
+    """E[tokens emitted] for k = 0..K from acceptance probabilities ``accept[..., j-1]`` of position j = 1..K.
+
+    Returns shape ``accept.shape[:-1] + (K + 1,)``: ``1 + cumsum(cumprod(accept))`` with a leading 1
+    (SmartSpec's (1 - a^(k+1)) / (1 - a) for a constant rate).
+    """
+    accept = np.asarray(accept, dtype=float)
+    reach = np.cumsum(np.cumprod(accept, axis=-1), axis=-1)
+    return 1.0 + np.concatenate([np.zeros(accept.shape[:-1] + (1,)), reach], axis=-1)
+
+
+@register
+class Goodput(Policy):
+    """Choose k each step to maximise expected tokens per predicted second (SmartSpec)."""
+
+    name = "goodput"
+
+    def __init__(self, k: int, **params: Any) -> None:
+        reader = ParamReader(self.name, params)
+        self.alpha_init = reader.number("alpha_init", 0.7, low=0.0, high=1.0)
+        self.ema_weight = reader.number("ema_weight", 0.15, low=0.0, high=1.0, low_open=True)
+        self.bonus = reader.number("bonus", 1.1, low=0.0, low_open=True)
+        """Factor on the k = 0 goodput: speculation must win by this much (1.1: by 10%)."""
+        self.every = reader.integer("every", 1, low=1)
+        """Re-decide every this many steps; reuse the last decision in between."""
+        self.mode = reader.choice("mode", "batch", MODES)
+        self.acceptance = reader.choice("acceptance", "global", ACCEPTANCE)
+        super().__init__(k, **reader.rest())
+        self._alpha = self.alpha_init
+        self._by_request: dict[int, float] = {}
+        self._by_position = np.full(self.k, self.alpha_init)
+        self._steps = 0
+        self._last_k = 0
+        self._last_by_request: dict[int, int] = {}
+
+    # --- estimates ------------------------------------------------------------------------------
+    @property
+    def acceptance_estimate(self) -> float:
+        """Global acceptance-rate estimate (kept in every ``acceptance`` mode)."""
+        return self._alpha
+
+    @property
+    def position_estimates(self) -> tuple[float, ...]:
+        """P(accept position j | reached j) for j = 1..k (learned only with ``acceptance=position``)."""
+        return tuple(self._by_position.tolist())
+
+    def acceptance_of(self, request_id: int) -> float:
+        """Acceptance rate used for ``request_id`` (its own with ``acceptance=request``, else the global one)."""
+        return self._by_request.get(request_id, self._alpha)
+
+    def expected_tokens_table(self, request_ids: np.ndarray, k_max: int) -> np.ndarray:
+        """E[tokens] per request (rows) for k = 0..k_max (columns), under the current estimates."""
+        if self.acceptance == "position":
+            accept = np.broadcast_to(self._by_position[:k_max], (request_ids.size, k_max))
+        else:
+            rates = [self.acceptance_of(r) for r in request_ids.tolist()]
+            accept = np.repeat(np.asarray(rates, dtype=float)[:, None], k_max, axis=1)
+        return expected_tokens(accept)
+
+    # --- policy hooks ---------------------------------------------------------------------------
+    def propose(self, view: BatchView) -> np.ndarray:
+        if view.batch_size == 0:
+            return np.zeros(0, dtype=np.int64)
+        if self._steps % self.every == 0:
+            self._decide(view)
+        self._steps += 1
+        ks = [self._last_by_request.get(r, self._last_k) for r in view.request_ids.tolist()]
+        return np.minimum(np.asarray(ks, dtype=np.int64), min(self.k, view.max_k))
+
+    def observe(self, outcome: StepOutcome) -> None:
+        proposed = np.asarray(outcome.proposed, dtype=np.int64)
+        accepted = np.asarray(outcome.accepted, dtype=np.int64)
+        total = int(proposed.sum())
+        if total == 0:
+            return
+        w = self.ema_weight
+        prior = self._alpha
+        self._alpha = (1 - w) * prior + w * int(accepted.sum()) / total
+        if self.acceptance == "request":
+            for rid, p, a in zip(outcome.request_ids.tolist(), proposed.tolist(), accepted.tolist()):
+                if p > 0:
+                    self._by_request[rid] = (1 - w) * self._by_request.get(rid, prior) + w * a / p
+        elif self.acceptance == "position":
+            for j in range(1, min(int(proposed.max()), self.k) + 1):
+                reached = int(np.count_nonzero((proposed >= j) & (accepted >= j - 1)))
+                hit = int(np.count_nonzero(accepted >= j))
+                if reached:
+                    self._by_position[j - 1] = (1 - w) * self._by_position[j - 1] + w * hit / reached
+
+    def finish(self, request_id: int) -> None:
+        self._by_request.pop(request_id, None)
+        self._last_by_request.pop(request_id, None)
+
+    # --- decisions ------------------------------------------------------------------------------
+    def _decide(self, view: BatchView) -> None:
+        """Set ``_last_k`` (the best uniform k) and, in request mode, ``_last_by_request``."""
+        k_max = min(self.k, view.max_k)
+        table = self.expected_tokens_table(view.request_ids, k_max)
+        totals = table.sum(axis=0)
+        best_k, best = 0, -1.0
+        for k in range(k_max + 1):
+            shape = step_shape(view.context_lens, [k] * view.batch_size)
+            value = self._goodput(float(totals[k]), shape, view)
+            if value > best:
+                best_k, best = k, value
+        self._last_k = best_k
+        if self.mode == "request":
+            ks = self._hill_climb(view, table, best_k, best)
+            self._last_by_request = dict(zip(view.request_ids.tolist(), ks.tolist()))
+
+    def _goodput(self, tokens: float, shape: StepShape, view: BatchView) -> float:
+        """Expected tokens per predicted second; times ``bonus`` when nobody speculates."""
+        value = tokens / shape_seconds(view.cost_model, shape, view.draft_cost)
+        return value * self.bonus if shape.query_tokens == shape.batch_size else value
+
+    def _hill_climb(self, view: BatchView, table: np.ndarray, k_start: int, start: float) -> np.ndarray:
+        """Per-request k from the uniform ``k_start``: best single +-1 move while it raises goodput.
+
+        Among requests at the same k, the best raise is the one with the highest acceptance (then the
+        shortest context: cheapest draft pass) and the best lowering the opposite end, so each round
+        prices at most two candidates per occupied k. Rows are visited in that rank order. Exact when
+        acceptance is shared (global, position); with per-request rates a better-accepted request with a
+        much longer context can win a raise its draft-context cost would have denied it.
+        """
+        k_max = table.shape[1] - 1
+        order = np.lexsort((view.context_lens, -table[:, k_max]))
+        table, ctx = table[order], view.context_lens[order]
+        ks = np.full(view.batch_size, k_start, dtype=np.int64)
+        shape = step_shape(ctx, ks)
+        tokens, best = float(table[:, k_start].sum()), start
+        while True:
+            move = None
+            for level in np.unique(ks).tolist():
+                at = np.flatnonzero(ks == level)
+                for i, delta in ((at[0], 1), (at[-1], -1)):
+                    if not 0 <= level + delta <= k_max:
+                        continue
+                    cand_shape = shape.moved(level, int(ctx[i]), delta)
+                    cand_tokens = tokens + table[i, level + delta] - table[i, level]
+                    value = self._goodput(cand_tokens, cand_shape, view)
+                    if value > best:
+                        move, best = (i, delta, cand_shape, cand_tokens), value
+            if move is None:
+                break
+            i, delta, shape, tokens = move
+            ks[i] += delta
+        out = np.empty_like(ks)
+        out[order] = ks
+        return out

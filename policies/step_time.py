@@ -1,0 +1,92 @@
+"""Predicted duration of one speculative decode step: the one formula shared by policies and the simulator.
+
+For proposal lengths k_i over a batch of B requests with context lengths c_i (tokens), DESIGN.md's step is
+
+    draft:   sum over passes j = 1..max k of  draft_time(n_j, sum_{i: k_i >= j} (c_i + j - 1)),
+             n_j = #{i: k_i >= j}   (one token per active sequence per pass; none for an n-gram proposer)
+    verify:  target_time(B, sum_i (k_i + 1), sum_i c_i)
+    + overhead_time(B)
+
+SmartSpec (Liu et al., arXiv 2406.14066, Sec. 4) costs a batch the same way: sequential draft passes
+plus one verification pass over every proposed and bonus token. All times are seconds.
+
+A step is summarised by its :class:`StepShape` (token counts per pass), so an adaptive policy can
+price "one request one token longer or shorter" in O(max k) with :meth:`StepShape.moved` instead of
+re-reading the batch.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from simulator.cost_model import CostModel
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """Token counts of one decode step: what the cost model needs, nothing per request."""
+
+    batch_size: int
+    """Sequences in the verification pass."""
+    query_tokens: int
+    """Tokens verified by the target: sum_i (k_i + 1)."""
+    context_tokens: int
+    """KV-cache tokens attended by the target: sum_i c_i."""
+    draft_passes: tuple[tuple[int, int], ...]
+    """(sequences, context tokens) of draft pass j = 1..max k; empty when nobody speculates."""
+
+    def moved(self, k: int, context_len: int, delta: int) -> "StepShape":
+        """The shape after one request (context ``context_len``) goes from ``k`` to ``k + delta`` (delta = +1 or -1)."""
+        passes = list(self.draft_passes)
+        j = k + 1 if delta > 0 else k  # the draft pass the request joins or leaves
+        seqs, tokens = passes[j - 1] if j <= len(passes) else (0, 0)
+        seqs, tokens = seqs + delta, tokens + delta * (context_len + j - 1)
+        if j > len(passes):
+            passes.append((seqs, tokens))
+        elif seqs == 0:
+            passes.pop()  # only the last pass can empty: k_i >= j+1 implies k_i >= j
+        else:
+            passes[j - 1] = (seqs, tokens)
+        return StepShape(self.batch_size, self.query_tokens + delta, self.context_tokens, tuple(passes))
+
+
+def step_shape(context_lens: Sequence[int] | np.ndarray, ks: Sequence[int] | np.ndarray) -> StepShape:
+    """Shape of a step with proposal ``ks[i]`` for the request with ``context_lens[i]`` tokens of context.
+
+    Vectorised (a fixed handful of numpy calls whatever the batch size): the engine calls it every step.
+    """
+    ctx = np.asarray(context_lens, dtype=np.int64)
+    kk = np.asarray(ks, dtype=np.int64)
+    batch = int(kk.size)
+    context_tokens = int(ctx.sum())
+    k_max = int(kk.max()) if batch else 0
+    if k_max == 0:
+        return StepShape(batch, batch, context_tokens, ())
+    # requests proposing exactly k, and their context tokens; pass j runs every request with k_i >= j
+    seqs = np.cumsum(np.bincount(kk, minlength=k_max + 1)[::-1])[::-1][1:]
+    tokens = np.cumsum(np.bincount(kk, weights=ctx, minlength=k_max + 1)[::-1])[::-1][1:]
+    tokens = tokens.astype(np.int64) + seqs * np.arange(k_max, dtype=np.int64)
+    return StepShape(batch, int(kk.sum()) + batch, context_tokens, tuple(zip(seqs.tolist(), tokens.tolist())))
+
+
+def shape_seconds(cost_model: "CostModel", shape: StepShape, draft_cost: bool) -> float:
+    """Seconds of a step of this shape: draft passes (if ``draft_cost``) + verification + overhead."""
+    seconds = cost_model.target_time(shape.batch_size, shape.query_tokens, shape.context_tokens)
+    seconds += cost_model.overhead_time(shape.batch_size)
+    if draft_cost:
+        for seqs, tokens in shape.draft_passes:
+            seconds += cost_model.draft_time(seqs, tokens)
+    return float(seconds)
+
+
+def predict_step_seconds(cost_model: "CostModel", context_lens: Sequence[int] | np.ndarray,
+                         ks: Sequence[int] | np.ndarray, draft_cost: bool) -> float:
+    """Seconds of one decode step with proposals ``ks`` (see the module docstring for the formula).
+
+    ``draft_cost`` is False for an n-gram proposer (no draft passes).
+    """
+    return shape_seconds(cost_model, step_shape(context_lens, ks), draft_cost)

@@ -1,0 +1,372 @@
+"""Acceptance models: how many of the k proposed draft tokens the target accepts at each step.
+
+Convention (vLLM's spec-decode metrics): ``accepted`` lies in [0, proposed]; the step emits
+``accepted + 1`` tokens (the bonus or correction token), so the *acceptance length* includes the bonus
+token. With i.i.d. per-token acceptance probability a and k proposed tokens, the expected number of
+emitted tokens per step is (1 - a^(k+1)) / (1 - a) (Leviathan et al., ICML 2023, eq. 1).
+
+The engine calls, once per decode step and for the whole batch, :meth:`AcceptanceModel.draw`; it calls
+:meth:`AcceptanceModel.start` when a request enters decoding and :meth:`AcceptanceModel.finish` when it
+leaves. Request ids are dense ints 0..N-1, so per-request state lives in arrays indexed by id.
+
+Models (``SimConfig.acceptance``):
+
+* ``constant``: every token accepted with probability ``acceptance_rate``, independently.
+* ``beta``: each request draws its own rate r ~ Beta(m c, (1 - m) c) at :meth:`start` (mean m =
+  ``acceptance_rate``, concentration c = ``acceptance_concentration``, so Var r = m (1 - m) / (c + 1)),
+  then i.i.d. with r.
+* ``position``: the j-th proposed token is accepted with probability ``acceptance_positions[j-1]`` (the
+  last value repeats) given that all before it were; as vLLM's per-position acceptance counters.
+* ``replay``: recorded accept/reject sequences of a real draft/target pair (:func:`read_acceptance_trace`).
+  Each recorded request becomes a bit stream: a step that accepted a of p proposed tokens contributes a
+  ones, then one zero if a < p (a step with p = 0 contributes nothing). At :meth:`start` a simulated
+  request is given a recorded stream, drawn uniformly with replacement, and a pointer at its first bit.
+  A step proposing k reads the leading ones at the pointer, at most k: ``accepted`` is their count; the
+  pointer moves past them and, if a zero ended the run within k, past that zero too (so it moves by
+  accepted + 1 after a rejection, by k otherwise). When the stream runs out the request continues on a
+  freshly drawn stream, even in the middle of a step: it reads an endless concatenation of recorded
+  streams. Replayed with the k it was recorded with, a stream reproduces its recorded steps exactly.
+
+:func:`fit_acceptance` estimates the parameters of the other models from a trace.
+
+A request that is started again while it still holds state (a preempted request resuming) keeps that
+state: its Beta rate or its place in the replayed stream. :meth:`AcceptanceModel.finish` frees it.
+Every random draw comes from the ``numpy.random.Generator`` given to the model.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from simulator.config import SimConfig
+from simulator.errors import UserError, require
+
+#: Columns an acceptance trace must have (others are ignored).
+TRACE_COLUMNS = ("request_id", "proposed", "accepted")
+#: A request enters the Beta fit of :func:`fit_acceptance` with at least this many verified tokens.
+MIN_FIT_TOKENS = 5
+
+
+class AcceptanceModel:
+    """Base class: per-request hooks that do nothing, and the per-step :meth:`draw` to implement."""
+
+    name: ClassVar[str] = ""
+
+    def start(self, request_id: int) -> None:
+        """Request ``request_id`` enters decoding."""
+
+    def draw(self, request_ids: np.ndarray, proposed: np.ndarray) -> np.ndarray:
+        """Accepted draft tokens per request (int64), 0 <= accepted <= proposed; proposed 0 gives 0."""
+        raise NotImplementedError
+
+    def finish(self, request_id: int) -> None:
+        """Request ``request_id`` left decoding: free its state."""
+
+    def expected_rate(self) -> float:
+        """Mean per-token acceptance probability, for reports."""
+        raise NotImplementedError
+
+
+class ConstantAcceptance(AcceptanceModel):
+    """I.i.d. acceptance with one rate for every token of every request (Leviathan et al., 2023).
+
+    ``accepted = min(proposed, G)`` with G the number of successes before the first failure,
+    G ~ Geometric(1 - rate) on {0, 1, ...}, so P(accepted = j) = rate^j (1 - rate) for j < k and
+    P(accepted = k) = rate^k. A rate of 0 or 1 gives 0 or k exactly.
+    """
+
+    name = "constant"
+
+    def __init__(self, rate: float, rng: np.random.Generator) -> None:
+        self.rate = float(rate)
+        self._rng = rng
+
+    def draw(self, request_ids: np.ndarray, proposed: np.ndarray) -> np.ndarray:
+        if self.rate == 1.0:
+            return np.array(proposed, dtype=np.int64)
+        return np.minimum(self._rng.geometric(1.0 - self.rate, size=len(proposed)) - 1, proposed)
+
+    def expected_rate(self) -> float:
+        return self.rate
+
+
+class BetaAcceptance(AcceptanceModel):
+    """Per-request rates r ~ Beta(mean c, (1 - mean) c), drawn at :meth:`start`; i.i.d. with r after.
+
+    The rates have mean ``mean`` and variance mean (1 - mean) / (c + 1). A mean of 0 or 1 gives every
+    request that rate.
+    """
+
+    name = "beta"
+
+    def __init__(self, mean: float, concentration: float, rng: np.random.Generator) -> None:
+        self.mean = float(mean)
+        self.concentration = float(concentration)
+        self._rng = rng
+        self._rates = np.full(0, np.nan)
+        """Acceptance rate by request id; NaN: no state."""
+
+    def start(self, request_id: int) -> None:
+        self._rates = _grown(self._rates, request_id, np.nan)
+        if np.isnan(self._rates[request_id]):
+            self._rates[request_id] = (self._rng.beta(self.mean * self.concentration,
+                                                      (1.0 - self.mean) * self.concentration)
+                                       if 0.0 < self.mean < 1.0 else self.mean)
+
+    def rate(self, request_id: int) -> float:
+        """The acceptance rate drawn for a started request."""
+        return float(self._rates[request_id])
+
+    def draw(self, request_ids: np.ndarray, proposed: np.ndarray) -> np.ndarray:
+        p_fail = 1.0 - self._rates[request_ids]
+        certain = p_fail == 0.0  # a rate of exactly 1 (Beta draws can round to it)
+        successes = self._rng.geometric(np.where(certain, 1.0, p_fail)) - 1
+        return np.where(certain, proposed, np.minimum(successes, proposed))
+
+    def finish(self, request_id: int) -> None:
+        self._rates[request_id] = np.nan
+
+    def expected_rate(self) -> float:
+        return self.mean
+
+
+class PositionAcceptance(AcceptanceModel):
+    """Acceptance by draft position: token j is accepted with probability ``positions[j-1]`` given all
+    tokens before it were (the last value repeats), so P(accepted >= j) = positions[0] ... positions[j-1].
+
+    Drawn by inversion, one uniform per request: accepted = #{j <= proposed : P(accepted >= j) > u}.
+    ``max_k`` bounds ``proposed`` (the configured k).
+    """
+
+    name = "position"
+
+    def __init__(self, positions: tuple[float, ...], max_k: int, rng: np.random.Generator) -> None:
+        require(len(positions) > 0, "config: acceptance_positions needs at least one probability")
+        self.positions = tuple(float(p) for p in positions)
+        length = max(max_k, len(positions))
+        per_position = np.array(self.positions + self.positions[-1:] * (length - len(positions)))
+        self.survival = np.cumprod(per_position)
+        """P(accepted >= j) for j = 1..max(max_k, len(positions))."""
+        self._descending = -self.survival  # ascending, for searchsorted
+        self._rng = rng
+
+    def draw(self, request_ids: np.ndarray, proposed: np.ndarray) -> np.ndarray:
+        u = self._rng.random(len(proposed))
+        return np.minimum(np.searchsorted(self._descending, -u, side="left"), proposed)
+
+    def expected_rate(self) -> float:
+        """The pooled rate accepted / (accepted + rejections) at the longest proposal, as
+        :func:`fit_acceptance` measures it: sum_j P(accepted >= j) / (that sum + P(a rejection))."""
+        expected_accepted = float(self.survival.sum())
+        return expected_accepted / (expected_accepted + 1.0 - float(self.survival[-1]))
+
+
+@dataclass(frozen=True, eq=False)
+class AcceptanceTrace:
+    """Recorded verification steps, one entry per step, in step order within each request."""
+
+    path: str
+    """File the steps were read from (for messages)."""
+    request_index: np.ndarray
+    """Request of each step: 0, 1, ... in order of first appearance in the file (int64)."""
+    proposed: np.ndarray
+    """Draft tokens proposed in the step (int64)."""
+    accepted: np.ndarray
+    """Draft tokens accepted in the step, 0 <= accepted <= proposed (int64)."""
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.request_index.max()) + 1
+
+    def bit_streams(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each request's steps as one bit stream (a ones, then a zero if a < p, per step), concatenated
+        in request order: the bits (bool) and each request's stream length, in tokens (int64)."""
+        rejected = self.accepted < self.proposed
+        step_bits = self.accepted + rejected
+        lengths = np.bincount(self.request_index, weights=step_bits, minlength=self.num_requests)
+        order = np.argsort(self.request_index, kind="stable")
+        step_start = np.cumsum(step_bits[order]) - step_bits[order]
+        bits = np.ones(int(step_bits.sum()), dtype=bool)
+        bits[(step_start + self.accepted[order])[rejected[order]]] = False
+        return bits, lengths.astype(np.int64)
+
+
+class ReplayAcceptance(AcceptanceModel):
+    """Replays recorded accept/reject bit streams (see the module docstring for the reading rule)."""
+
+    name = "replay"
+
+    def __init__(self, trace: AcceptanceTrace, rng: np.random.Generator) -> None:
+        bits, lengths = trace.bit_streams()
+        lengths = lengths[lengths > 0]  # a request that never proposed has no stream
+        self._stream_end = np.cumsum(lengths)
+        self._stream_start = self._stream_end - lengths
+        position = np.arange(bits.size)
+        end_of = np.repeat(self._stream_end, lengths)
+        zeros = np.append(np.flatnonzero(~bits), bits.size)
+        next_zero = zeros[np.searchsorted(zeros, position)]
+        self._run = np.minimum(next_zero, end_of) - position
+        """Ones from each bit on, up to the next zero or the end of its stream."""
+        self._zero_stop = next_zero < end_of
+        """Whether that run of ones ends at a zero (not at the end of the stream)."""
+        self._rate = float(bits.mean())
+        self._rng = rng
+        self._pos = np.zeros(0, dtype=np.int64)
+        """Index of each request's next bit."""
+        self._end = np.zeros(0, dtype=np.int64)
+        """End of each request's current stream; 0: no state."""
+
+    def start(self, request_id: int) -> None:
+        self._pos = _grown(self._pos, request_id, 0)
+        self._end = _grown(self._end, request_id, 0)
+        if self._end[request_id] == 0:
+            self._assign(np.array([request_id]))
+
+    def draw(self, request_ids: np.ndarray, proposed: np.ndarray) -> np.ndarray:
+        accepted = np.zeros(len(request_ids), dtype=np.int64)
+        need = np.array(proposed, dtype=np.int64)
+        rows = np.arange(len(request_ids))
+        while rows.size:  # a second round only for requests whose stream ran out inside a run of ones
+            ids, k = request_ids[rows], need[rows]
+            at = self._pos[ids]
+            run, zero_stop = self._run[at], self._zero_stop[at]
+            taken = np.minimum(run, k)
+            accepted[rows] += taken
+            short = run < k
+            self._pos[ids] = at + taken + (short & zero_stop)
+            ran_out = self._pos[ids] == self._end[ids]
+            if ran_out.any():
+                self._assign(ids[ran_out])
+            need[rows] = k - taken
+            rows = rows[short & ~zero_stop]
+        return accepted
+
+    def finish(self, request_id: int) -> None:
+        self._end[request_id] = 0
+
+    def expected_rate(self) -> float:
+        """Fraction of ones among all recorded bits (the pooled rate of :func:`fit_acceptance`)."""
+        return self._rate
+
+    def _assign(self, request_ids: np.ndarray) -> None:
+        """Give each request a fresh stream, drawn uniformly with replacement."""
+        stream = self._rng.integers(self._stream_end.size, size=request_ids.size)
+        self._pos[request_ids] = self._stream_start[stream]
+        self._end[request_ids] = self._stream_end[stream]
+
+
+def make_acceptance(config: SimConfig, rng: np.random.Generator) -> AcceptanceModel:
+    """The acceptance model ``config.acceptance`` with its parameters, drawing from ``rng``."""
+    if config.acceptance == "constant":
+        return ConstantAcceptance(config.acceptance_rate, rng)
+    if config.acceptance == "beta":
+        return BetaAcceptance(config.acceptance_rate, config.acceptance_concentration, rng)
+    if config.acceptance == "position":
+        return PositionAcceptance(config.acceptance_positions, config.k, rng)
+    assert config.acceptance == "replay" and config.acceptance_trace is not None  # SimConfig validates
+    return ReplayAcceptance(read_acceptance_trace(config.acceptance_trace), rng)
+
+
+def read_acceptance_trace(path: str) -> AcceptanceTrace:
+    """Read a CSV of verification steps ``request_id,proposed,accepted`` (extra columns ignored).
+
+    Rows are steps, in step order within each request; requests may interleave. Bad input stops with a
+    :class:`UserError` naming the file, the line (the header is line 1; blank lines are skipped and not
+    counted), the column and the value:
+    missing file or column, no rows, counts that are not whole numbers >= 0, accepted > proposed, a
+    trace with no proposed token at all.
+    """
+    require(Path(path).is_file(), f"{path}: file not found")
+    try:
+        frame = pd.read_csv(path, dtype=str, skip_blank_lines=True)
+    except pd.errors.EmptyDataError:
+        raise UserError(f"{path}: empty file, no header and no rows") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise UserError(f"{path}: not a readable CSV file ({str(error).splitlines()[0]})") from None
+    frame.columns = [str(c).strip() for c in frame.columns]
+    for column in TRACE_COLUMNS:
+        require(column in frame.columns, f"{path}: missing column {column!r} "
+                f"(got columns {','.join(frame.columns)}; expected {','.join(TRACE_COLUMNS)})")
+    require(len(frame) > 0, f"{path}: no rows after the header (got 0 rows)")
+    ids = frame["request_id"].str.strip()
+    _refuse_first(path, frame["request_id"], ids.isna().to_numpy() | (ids == "").to_numpy(), "must not be empty")
+    proposed = _counts(path, frame["proposed"])
+    accepted = _counts(path, frame["accepted"])
+    over = accepted > proposed
+    if over.any():
+        i = int(np.argmax(over))
+        raise UserError(f"{path}: line {i + 2}: accepted must be <= proposed "
+                        f"(got accepted {accepted[i]}, proposed {proposed[i]})")
+    require(proposed.sum() > 0, f"{path}: proposed is 0 on every row, nothing to learn acceptance from")
+    codes, _ = pd.factorize(ids, sort=False)
+    return AcceptanceTrace(path=path, request_index=codes.astype(np.int64), proposed=proposed, accepted=accepted)
+
+
+def fit_acceptance(trace: AcceptanceTrace) -> dict[str, Any]:
+    """Parameters of the ``constant``, ``beta`` and ``position`` models estimated from a trace.
+
+    * ``rate``: the pooled per-token rate, the maximum-likelihood estimate for i.i.d. acceptance with
+      truncation at k: sum accepted / (sum accepted + number of steps with a rejection).
+    * ``beta``: ``{"mean", "concentration"}`` by the method of moments over per-request rates (each the
+      same estimate within one request, from requests with at least :data:`MIN_FIT_TOKENS` verified
+      tokens), with the per-request sampling variance r (1 - r) / (n - 1) subtracted from the spread
+      (binomial noise, n the request's verified tokens); concentration = m (1 - m) / var - 1, ``inf``
+      when the rates vary no more than that noise explains. ``None`` with fewer than two such requests.
+      A request's rate estimated from a few steps is biased low, so this wants tens of steps per request
+      (with 15 steps of k = 4 and Beta(7, 3) rates it finds a mean of 0.695 and concentration 9-10).
+    * ``positions``: for j = 1, 2, ...: steps accepting token j / steps reaching it (proposed >= j and
+      accepted >= j - 1), up to the last position any step reached.
+    """
+    accepted, proposed = trace.accepted, trace.proposed
+    ones = float(accepted.sum())
+    rate = ones / (ones + float((accepted < proposed).sum()))
+
+    _, lengths = trace.bit_streams()
+    request_ones = np.bincount(trace.request_index, weights=accepted, minlength=trace.num_requests)
+    enough = lengths >= MIN_FIT_TOKENS
+    beta: dict[str, float] | None = None
+    if enough.sum() >= 2:
+        n = lengths[enough]
+        rates = request_ones[enough] / n
+        mean = float(rates.mean())
+        spread = float(rates.var(ddof=1)) - float(np.mean(rates * (1.0 - rates) / (n - 1)))
+        beta = {"mean": mean, "concentration": mean * (1.0 - mean) / spread - 1.0 if spread > 0 else math.inf}
+
+    positions = []
+    for j in range(1, int(proposed.max()) + 1):
+        reached = int(((proposed >= j) & (accepted >= j - 1)).sum())
+        if reached == 0:
+            break
+        positions.append(int((accepted >= j).sum()) / reached)
+    return {"rate": rate, "beta": beta, "positions": positions}
+
+
+def _grown(values: np.ndarray, index: int, fill: float) -> np.ndarray:
+    """``values``, enlarged (doubling, new entries ``fill``) so that ``index`` is inside it."""
+    if index < values.size:
+        return values
+    grown = np.full(max(2 * values.size, index + 1, 64), fill, dtype=values.dtype)
+    grown[:values.size] = values
+    return grown
+
+
+def _counts(path: str, raw: pd.Series) -> np.ndarray:
+    """A column of token counts as int64, each a whole number >= 0."""
+    values = pd.to_numeric(raw.str.strip(), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    _refuse_first(path, raw, ~np.isfinite(values) | (values != np.floor(values)), "must be a whole number")
+    _refuse_first(path, raw, values < 0, "must be >= 0")
+    return values.astype(np.int64)
+
+
+def _refuse_first(path: str, raw: pd.Series, bad: np.ndarray, problem: str) -> None:
+    """Raise naming the first row where ``bad`` holds (its line, column and value), unless there is none."""
+    if bad.any():
+        i = int(np.argmax(bad))
+        value = raw.iloc[i]
+        got = "an empty cell" if pd.isna(value) else repr(value)
+        raise UserError(f"{path}: line {i + 2}: {raw.name} {problem} (got {got})")

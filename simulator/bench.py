@@ -1,0 +1,70 @@
+"""Speed and memory benchmark: simulated requests per wall-second and peak memory.
+
+``python run_sim.py bench [--sizes 10000,100000] [--policies no-spec,fixed-k]`` runs each case in a fresh
+process (so start-up is counted and peak memory is that run's own), with request lengths sampled from
+the Azure LLM 2023 conversation trace (Splitwise, ISCA 2024; CC-BY 4.0) when ``../shared/traces`` is
+present, else a lognormal of similar medians; Poisson arrivals at 4 req/s; the shipped 7B-class cost
+model. It prints a table; the figures are noisy on shared machines, so compare ratios, not seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+AZURE_CONV = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023" / \
+    "AzureLLMInferenceTrace_conv.csv"
+
+
+def _case_config(size: int, policy: str) -> dict:
+    config = {"rate": 4.0, "num_requests": size, "policy": policy, "k": 4, "seed": 0}
+    if AZURE_CONV.exists():
+        config.update(length_dist="file", length_file=str(AZURE_CONV))
+    else:
+        config.update(length_dist="lognormal", prompt_len=1020, output_len=130, length_sigma=1.0)
+    return config
+
+
+def _child(config_json: str) -> None:
+    """Run one simulation in this process and print its figures as JSON."""
+    from simulator.config import SimConfig
+    from simulator.runner import run_simulation
+
+    result = run_simulation(SimConfig.from_dict(json.loads(config_json)))
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"steps": result.summary["steps"], "sim_wall": result.summary["wall_seconds"],
+                      "peak_mb": peak_mb, "mean_latency": result.summary["mean_latency"]}))
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="run_sim.py bench", description=__doc__)
+    parser.add_argument("--sizes", default="10000,100000", help="request counts, comma-separated")
+    parser.add_argument("--policies", default="no-spec,fixed-k", help="policies, comma-separated")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args.child)
+        return 0
+    lengths = "Azure conv trace lengths" if AZURE_CONV.exists() else "lognormal lengths (trace absent)"
+    print(f"Poisson 4 req/s, {lengths}, shipped 7B-class profile, k=4 for fixed-k")
+    print(f"{'requests':>9} {'policy':>8} {'steps':>9} {'process s':>10} {'req/s':>9} {'sim-only req/s':>15} "
+          f"{'peak MB':>8}")
+    for size in [int(s) for s in args.sizes.split(",")]:
+        for policy in args.policies.split(","):
+            start = time.perf_counter()
+            out = subprocess.run([sys.executable, "-m", "simulator.bench", "--child",
+                                  json.dumps(_case_config(size, policy))],
+                                 check=True, capture_output=True, text=True).stdout
+            wall = time.perf_counter() - start
+            fig = json.loads(out.strip().splitlines()[-1])
+            print(f"{size:>9} {policy:>8} {fig['steps']:>9} {wall:>10.2f} {size / wall:>9.0f} "
+                  f"{size / fig['sim_wall']:>15.0f} {fig['peak_mb']:>8.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

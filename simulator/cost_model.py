@@ -1,0 +1,582 @@
+"""The cost model: predicted seconds of each part of an engine step (units: seconds, tokens).
+
+Step time = draft time (k sequential draft passes) + verification time (one target pass over
+sum_i (k_i + 1) tokens) + overhead, with prefill from the same model (DESIGN.md). A model comes from
+
+- a **coefficient JSON** (hand-written what-ifs, or a saved fit), or
+- a **profile CSV** (:mod:`simulator.profile_table`) fitted with one of two fitters:
+
+  * ``linear``, SmartSpec's form (Liu et al., arXiv 2406.14066, §4), per (role, phase):
+    decode  ``seconds = base + per_seq*b + per_batched_token*(b*q) + per_context_token*(b*c)``,
+    prefill ``seconds = base + per_seq*b + per_prompt_token*(b*P) + per_prompt_token_sq*(b*P^2)``
+    (attention's quadratic term), for b sequences of q new tokens over c cached tokens each, or b
+    prompts of P tokens. Non-negative least squares on relative error (rows weighted by 1/seconds),
+    so that small batches count as much as large ones.
+  * ``interp``: piecewise-multilinear interpolation over the measured grid in the natural axes
+    (batch_size, query_len, context_len per sequence; batch_size, prompt_len for prefill). Grid nodes
+    that were not measured (an irregular grid: points that did not fit in memory) are filled once at
+    fit time by scipy's LinearNDInterpolator on log2 axes, or by the linear fit outside the measured
+    points' hull. Outside the grid, the value at the clamped point plus the linear model's change
+    from the clamped point to the query (continuous at the boundary).
+
+  Queries in totals are averaged per sequence: q = query_tokens / b, c = context_tokens / b,
+  P = prompt_tokens / b. A query more than 2x beyond the grid's largest batch size, context or prompt
+  length warns once per (role, phase).
+
+A CSV profile needs rows for target/prefill and target/decode; draft/decode and draft/prefill are
+optional. Its per-step overhead comes from rows with role ``target``, phase ``overhead`` (fitted
+``base + per_seq * batch_size``), and is 0 without them. Fitted models are cached (see
+:func:`load_cost_model`).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import json
+import math
+import os
+import warnings
+from bisect import bisect_right
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy.interpolate import LinearNDInterpolator
+from scipy.optimize import nnls
+from scipy.spatial import QhullError
+
+from simulator import profile_table
+from simulator.config import FITTERS
+from simulator.errors import UserError
+from simulator.profile_table import Memory, ProfileTable, meta_path, read_json, read_profile, write_atomic
+
+METHODS = ("measured", "analytical", "hand-written")
+#: Coefficient names per kind of pass, in fitting priority (a feature collinear with earlier ones is dropped).
+COEFFICIENTS = {
+    "decode": ("base", "per_batched_token", "per_context_token", "per_seq"),
+    "prefill": ("base", "per_prompt_token", "per_prompt_token_sq", "per_seq"),
+    "overhead": ("base", "per_seq"),
+}
+#: Natural (per-sequence) axes of each kind of pass: the interp grid's axes.
+AXES = {
+    "decode": ("batch_size", "query_len", "context_len"),
+    "prefill": ("batch_size", "prompt_len"),
+    "overhead": ("batch_size",),
+}
+#: Coefficient-JSON block of each (role, phase), and the kind of pass it describes.
+BLOCKS = {("target", "decode"): "target", ("draft", "decode"): "draft", ("target", "prefill"): "prefill",
+          ("draft", "prefill"): "draft_prefill", ("target", "overhead"): "overhead"}
+KIND = {"target": "decode", "draft": "decode", "prefill": "prefill", "draft_prefill": "prefill",
+        "overhead": "overhead"}
+#: Profile columns holding each natural axis (a prefill row's prompt length is its query_len).
+PROFILE_COLUMNS = {kind: ("batch_size", "query_len", "context_len")[:len(axes)] for kind, axes in AXES.items()}
+REQUIRED_BLOCKS = ("target", "prefill")
+OTHER_KEYS = ("method", "source", "memory", "fit_error", "grid", "interp")
+#: A query beyond this multiple of the grid's largest batch size or per-sequence length warns.
+FAR = 2.0
+REPORT_COLUMNS = ["role", "phase", "n_train", "n_test", "mean_rel_error", "max_rel_error"]
+
+Coefficients = dict[str, tuple[float, ...]]
+"""Block name -> coefficients in :data:`COEFFICIENTS` order."""
+Grid = dict[str, tuple[tuple[float, ...], ...]]
+"""Block name -> sorted measured values of each natural axis (:data:`AXES` order)."""
+
+
+class CostModel:
+    """The interface the engine, the policies and the profiler use. Units: seconds and tokens.
+
+    ``method`` (``measured``, ``analytical`` or ``hand-written``) is shown in summaries and figure
+    titles; ``source`` says where the numbers came from (a profile CSV, or a JSON's own note);
+    ``path`` is the file the model was loaded from (named in messages); ``memory`` holds the device and
+    model sizes (or ``None``); ``fit_error`` the held-out error of the fit (:func:`fit_report` records)
+    or ``None``.
+    """
+
+    method: str
+    source: str
+    path: str
+    memory: Memory | None
+    fit_error: list[dict] | None
+
+    def target_time(self, batch_size: int, query_tokens: int, context_tokens: int) -> float:
+        """Seconds of one target forward that decodes/verifies ``batch_size`` sequences:
+        ``query_tokens`` = sum_i (k_i + 1), ``context_tokens`` = sum_i of KV tokens before the step."""
+        raise NotImplementedError
+
+    def draft_time(self, batch_size: int, context_tokens: int) -> float:
+        """Seconds of one draft decode pass: one token for each of ``batch_size`` sequences."""
+        raise NotImplementedError
+
+    def prefill_time(self, batch_size: int, prompt_tokens: int, role: str = "target") -> float:
+        """Seconds of one prefill pass over ``batch_size`` prompts totalling ``prompt_tokens`` tokens
+        (role ``draft``: the draft model's prefill)."""
+        raise NotImplementedError
+
+    def overhead_time(self, batch_size: int) -> float:
+        """Per-step scheduler and sampling seconds."""
+        raise NotImplementedError
+
+    def has(self, role: str, phase: str) -> bool:
+        """Whether the model has costs for ``role`` (target, draft) in ``phase`` (prefill, decode, overhead)."""
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        """The coefficient JSON of this model; :func:`model_from_dict` inverts it."""
+        raise NotImplementedError
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write :meth:`to_dict` as JSON, atomically; :func:`load_cost_model` gives identical predictions."""
+        write_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+class LinearCostModel(CostModel):
+    """Linear costs (module docstring), in plain float arithmetic: well under a microsecond a call.
+
+    Without a ``draft`` block :meth:`draft_time` raises :class:`UserError` (no draft-model proposer on
+    this model); without a ``draft_prefill`` block the draft's prefill costs nothing; without an
+    ``overhead`` block the overhead is 0.
+    """
+
+    def __init__(self, coefficients: Coefficients, *, method: str, source: str, path: str,
+                 memory: Memory | None = None, grid: Grid | None = None,
+                 fit_error: list[dict] | None = None) -> None:
+        self.method, self.source, self.path = method, source, path
+        self.memory, self.fit_error = memory, fit_error
+        self._coef = dict(coefficients)
+        self._grid = dict(grid or {})
+        self._overhead = self._coef.get("overhead", (0.0, 0.0))
+        self._far = {block: _far_limits(self._grid.get(block)) for block in self._coef}
+        self._warned: set[str] = set()
+
+    # -- the interface (hot path: keep it plain Python) ----------------------------------------
+    def target_time(self, batch_size: int, query_tokens: int, context_tokens: int) -> float:
+        lim_b, lim_c = self._far["target"]
+        if batch_size > lim_b or context_tokens > lim_c * batch_size:
+            self._warn_far("target", batch_size, context_tokens / batch_size)
+        return self._decode("target", batch_size, query_tokens, context_tokens)
+
+    def draft_time(self, batch_size: int, context_tokens: int) -> float:
+        if "draft" not in self._coef:
+            raise UserError(f"{self.path}: no draft decode costs (block 'draft', or rows with role draft, "
+                            "phase decode); a draft-model proposer needs them (or use --proposer ngram)")
+        lim_b, lim_c = self._far["draft"]
+        if batch_size > lim_b or context_tokens > lim_c * batch_size:
+            self._warn_far("draft", batch_size, context_tokens / batch_size)
+        return self._decode("draft", batch_size, batch_size, context_tokens)
+
+    def prefill_time(self, batch_size: int, prompt_tokens: int, role: str = "target") -> float:
+        block = BLOCKS[(role, "prefill")]
+        if block not in self._coef:
+            return 0.0
+        lim_b, lim_p = self._far[block]
+        if batch_size > lim_b or prompt_tokens > lim_p * batch_size:
+            self._warn_far(block, batch_size, prompt_tokens / batch_size)
+        return self._prefill(block, batch_size, prompt_tokens)
+
+    def overhead_time(self, batch_size: int) -> float:
+        base, per_seq = self._overhead
+        return base + per_seq * batch_size
+
+    def has(self, role: str, phase: str) -> bool:
+        return BLOCKS.get((role, phase)) in self._coef
+
+    # -- evaluation, overridden by the interp model ----------------------------------------------
+    def _decode(self, block: str, batch_size: int, query_tokens: float, context_tokens: float) -> float:
+        base, per_token, per_context, per_seq = self._coef[block]
+        return base + per_token * query_tokens + per_context * context_tokens + per_seq * batch_size
+
+    def _prefill(self, block: str, batch_size: int, prompt_tokens: float) -> float:
+        base, per_token, per_token_sq, per_seq = self._coef[block]
+        return base + per_token * prompt_tokens + per_token_sq * prompt_tokens * prompt_tokens / batch_size \
+            + per_seq * batch_size
+
+    def _warn_far(self, block: str, batch_size: int, per_seq: float) -> None:
+        """Warn once per block about a query far outside the profiled grid."""
+        if block in self._warned:
+            return
+        self._warned.add(block)
+        role, phase = next(rp for rp, b in BLOCKS.items() if b == block)
+        axes = AXES[KIND[block]]
+        ranges = ", ".join(f"{axis} {nodes[0]:g}..{nodes[-1]:g}"
+                           for axis, nodes in zip(axes, self._grid[block]) if axis != "query_len")
+        warnings.warn(f"{self.path}: {role} {phase} asked at batch_size={batch_size:g}, {axes[-1]}={per_seq:g} "
+                      f"per sequence, more than {FAR:g}x beyond the profiled grid ({ranges}); extrapolating",
+                      stacklevel=3)
+
+    # -- serialisation -----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"method": self.method, "source": self.source}
+        for block, values in self._coef.items():
+            out[block] = dict(zip(COEFFICIENTS[KIND[block]], values))
+        if self.memory is not None:
+            out["memory"] = self.memory.to_dict()
+        if self.fit_error is not None:
+            out["fit_error"] = self.fit_error
+        if self._grid:
+            out["grid"] = {block: dict(zip(AXES[KIND[block]], map(list, nodes)))
+                           for block, nodes in self._grid.items()}
+        return out
+
+
+class InterpCostModel(LinearCostModel):
+    """Piecewise-multilinear interpolation over the measured grid (module docstring); the linear
+    coefficients extrapolate beyond it. A few microseconds a call: the grid's table is filled once,
+    and a query blends the 2^d corners of its cell in plain Python."""
+
+    def __init__(self, coefficients: Coefficients, *, tables: dict[str, Sequence[float]], grid: Grid,
+                 **kwargs: Any) -> None:
+        super().__init__(coefficients, grid=grid, **kwargs)
+        self._tables = {block: _Table(KIND[block], grid[block], values, coefficients[block])
+                        for block, values in tables.items()}
+
+    def _decode(self, block: str, batch_size: int, query_tokens: float, context_tokens: float) -> float:
+        return self._tables[block]((batch_size, query_tokens / batch_size, context_tokens / batch_size))
+
+    def _prefill(self, block: str, batch_size: int, prompt_tokens: float) -> float:
+        return self._tables[block]((batch_size, prompt_tokens / batch_size))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out["interp"] = {block: list(table.values) for block, table in self._tables.items()}
+        return out
+
+
+class _Table:
+    """Seconds on a rectilinear grid (values in C order over the natural axes), multilinear in
+    between: linear in each axis, so monotone data give monotone predictions. Outside the grid:
+    value at the clamped point + linear(query) - linear(clamped point)."""
+
+    __slots__ = ("kind", "values", "coef", "_nodes", "_active", "_fixed", "_corners")
+
+    def __init__(self, kind: str, nodes: Sequence[Sequence[float]], values: Sequence[float],
+                 coef: tuple[float, ...]) -> None:
+        self.kind, self.coef = kind, coef
+        self.values = tuple(float(v) for v in values)
+        self._nodes = tuple(tuple(n) for n in nodes)
+        strides = [math.prod(len(n) for n in nodes[i + 1:]) for i in range(len(nodes))]
+        # An axis with one node contributes nothing between nodes, only to the clamp.
+        self._active = tuple((axis, n, strides[axis], len(n) - 2) for axis, n in enumerate(self._nodes) if len(n) > 1)
+        self._fixed = tuple((axis, n[0]) for axis, n in enumerate(self._nodes) if len(n) == 1)
+        # Offsets of a cell's 2^d corners from its lowest one, the last active axis varying fastest.
+        self._corners = tuple(sum(bit * stride for bit, (_, _, stride, _) in zip(bits, self._active))
+                              for bits in itertools.product((0, 1), repeat=len(self._active)))
+
+    def __call__(self, x: tuple[float, ...]) -> float:
+        outside = False
+        offset = 0
+        weights = []
+        for axis, nodes, stride, last in self._active:
+            v = x[axis]
+            if v < nodes[0]:
+                outside, i, v = True, 0, nodes[0]
+            elif v > nodes[-1]:
+                outside, i, v = True, last, nodes[-1]
+            else:
+                i = min(bisect_right(nodes, v) - 1, last)
+            lo = nodes[i]
+            weights.append((v - lo) / (nodes[i + 1] - lo))
+            offset += i * stride
+        for axis, value in self._fixed:
+            outside = outside or x[axis] != value
+        corners = [self.values[offset + c] for c in self._corners]
+        for w in reversed(weights):  # blend away the last axis, then the one before, ...
+            corners = [a * (1.0 - w) + b * w for a, b in zip(corners[::2], corners[1::2])]
+        seconds = corners[0]
+        if outside:
+            clamped = tuple(min(max(v, n[0]), n[-1]) for v, n in zip(x, self._nodes))
+            seconds += _linear(self.kind, self.coef, x) - _linear(self.kind, self.coef, clamped)
+        return seconds
+
+
+# -- fitting ---------------------------------------------------------------------------------------
+def fit_cost_model(table: ProfileTable, fitter: str = "linear",
+                   fit_error: list[dict] | None = None) -> CostModel:
+    """Fit ``table`` with ``fitter`` (``linear`` or ``interp``); see the module docstring."""
+    _check_fitter(fitter)
+    frame = table.frame
+    coefficients: Coefficients = {}
+    grid: Grid = {}
+    points: dict[str, pd.DataFrame] = {}
+    for (role, phase), block in BLOCKS.items():
+        rows = frame[(frame["role"] == role) & (frame["phase"] == phase)]
+        if rows.empty:
+            if block in REQUIRED_BLOCKS:
+                raise UserError(f"{table.path}: no rows with role {role}, phase {phase} (required)")
+            continue
+        kind = KIND[block]
+        x = _natural(kind, rows)
+        coefficients[block] = _fit_linear(kind, x, rows["seconds"].to_numpy(float))
+        if kind != "overhead":
+            grid[block] = tuple(tuple(float(v) for v in np.unique(a)) for a in x)
+            points[block] = rows
+    common = dict(method=table.method, source=table.path, path=table.path, memory=table.memory, grid=grid,
+                  fit_error=fit_error)
+    if fitter == "linear":
+        return LinearCostModel(coefficients, **common)
+    tables = {block: _fill_table(KIND[block], rows, grid[block], coefficients[block])
+              for block, rows in points.items()}
+    return InterpCostModel(coefficients, tables=tables, **common)
+
+
+def _natural(kind: str, rows: pd.DataFrame) -> list[np.ndarray]:
+    """The rows' natural per-sequence coordinates, in :data:`AXES` order."""
+    return [rows[c].to_numpy(float) for c in PROFILE_COLUMNS[kind]]
+
+
+def _features(kind: str, x: Sequence[Any]) -> tuple[Any, ...]:
+    """The linear model's features at natural coordinates ``x`` (scalars or arrays), in
+    :data:`COEFFICIENTS` order: decode (1, b*q, b*c, b), prefill (1, b*P, b*P^2, b), overhead (1, b)."""
+    b = x[0]
+    if kind == "decode":
+        return 1.0, b * x[1], b * x[2], b
+    if kind == "prefill":
+        return 1.0, b * x[1], b * x[1] * x[1], b
+    return 1.0, b
+
+
+def _linear(kind: str, coef: tuple[float, ...], x: Sequence[Any]) -> Any:
+    """The linear model's seconds at natural coordinates ``x``."""
+    return sum(c * f for c, f in zip(coef, _features(kind, x)))
+
+
+def _fit_linear(kind: str, x: list[np.ndarray], seconds: np.ndarray) -> tuple[float, ...]:
+    """Non-negative least squares on relative error (rows weighted by 1/seconds).
+
+    A feature collinear with higher-priority ones (e.g. b*q when every row has q = 1, as a draft's)
+    cannot be told apart from them and gets coefficient 0.
+    """
+    features = np.column_stack([np.broadcast_to(np.asarray(f, float), seconds.shape)
+                                for f in _features(kind, x)]) / seconds[:, None]
+    norms = np.linalg.norm(features, axis=0)
+    keep: list[int] = []
+    for j in np.flatnonzero(norms > 0):
+        trial = keep + [int(j)]
+        if np.linalg.matrix_rank(features[:, trial] / norms[trial]) == len(trial):
+            keep = trial
+    solution, _ = nnls(features[:, keep], np.ones(seconds.size))
+    coef = np.zeros(features.shape[1])
+    coef[keep] = solution
+    return tuple(float(c) for c in coef)
+
+
+def _fill_table(kind: str, rows: pd.DataFrame, nodes: tuple[tuple[float, ...], ...],
+                coef: tuple[float, ...]) -> list[float]:
+    """Seconds at every grid node (C order): measured (median of repeats), else LinearNDInterpolator
+    on log2(1 + axis) inside the measured points' hull, else the linear fit."""
+    measured = rows.groupby(list(PROFILE_COLUMNS[kind]), as_index=False)["seconds"].median()
+    x = _natural(kind, measured)
+    shape = tuple(len(n) for n in nodes)
+    values = np.full(shape, np.nan)
+    values[tuple(np.searchsorted(n, a) for n, a in zip(nodes, x))] = measured["seconds"].to_numpy(float)
+    missing = np.isnan(values)
+    if missing.any():
+        mesh = np.stack(np.meshgrid(*nodes, indexing="ij"), axis=-1)
+        active = [axis for axis, n in enumerate(nodes) if len(n) > 1]
+        try:
+            interpolator = LinearNDInterpolator(np.log2(1.0 + mesh[~missing][:, active]), values[~missing])
+            values[missing] = interpolator(np.log2(1.0 + mesh[missing][:, active]))
+        except (QhullError, ValueError):
+            pass  # too few or degenerate measured points: the linear fit fills every hole
+        holes = np.isnan(values)
+        values[holes] = _linear(kind, coef, mesh[holes].T)
+    return [float(v) for v in values.ravel()]
+
+
+def _far_limits(nodes: tuple[tuple[float, ...], ...] | None) -> tuple[float, float]:
+    """(batch size, per-sequence context or prompt length) beyond which a query warns."""
+    if not nodes:
+        return math.inf, math.inf
+    return FAR * nodes[0][-1], FAR * nodes[-1][-1]
+
+
+def fit_report(table: ProfileTable, fitter: str, holdout: float = 0.2, seed: int = 0) -> pd.DataFrame:
+    """Held-out error of ``fitter`` on ``table``, one row per (role, phase) present.
+
+    A random ``holdout`` fraction of each (role, phase)'s rows (at least one row stays for training)
+    is left out, the model is fitted on the rest and asked for the left-out points. Columns:
+    ``role, phase, n_train, n_test, mean_rel_error, max_rel_error`` (relative error
+    |predicted - measured| / measured; NaN when nothing was held out).
+    """
+    _check_fitter(fitter)
+    if not 0.0 <= holdout < 1.0:
+        raise UserError(f"--holdout: must be in [0, 1) (got {holdout!r})")
+    rng = np.random.default_rng(seed)
+    frame = table.frame
+    held_out: dict[tuple[str, str], np.ndarray] = {}
+    for role, phase in BLOCKS:
+        index = np.flatnonzero((frame["role"] == role) & (frame["phase"] == phase))
+        if index.size:
+            n_test = min(index.size - 1, round(holdout * index.size))
+            held_out[(role, phase)] = np.sort(rng.permutation(index)[:n_test])
+    keep = np.ones(len(frame), dtype=bool)
+    for test in held_out.values():
+        keep[test] = False
+    train = frame[keep]
+    model = fit_cost_model(ProfileTable(train, table.meta, table.path), fitter)
+    b, q, c, seconds = (frame[col].to_numpy() for col in ("batch_size", "query_len", "context_len", "seconds"))
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # held-out points may lie beyond the training grid on purpose
+        for (role, phase), test in held_out.items():
+            predicted = np.array([predict_row(model, role, phase, int(b[i]), int(q[i]), int(c[i])) for i in test])
+            error = np.abs(predicted - seconds[test]) / seconds[test]
+            n = int(((frame["role"] == role) & (frame["phase"] == phase)).sum())
+            rows.append({"role": role, "phase": phase, "n_train": n - test.size, "n_test": int(test.size),
+                         "mean_rel_error": float(error.mean()) if test.size else math.nan,
+                         "max_rel_error": float(error.max()) if test.size else math.nan})
+    return pd.DataFrame(rows, columns=REPORT_COLUMNS)
+
+
+def predict_row(model: CostModel, role: str, phase: str, b: int, q: int, c: int) -> float:
+    """The model's seconds for one profile row (natural coordinates -> the interface's totals)."""
+    if phase == "decode":
+        return model.target_time(b, b * q, b * c) if role == "target" else model.draft_time(b, b * c)
+    if phase == "prefill":
+        return model.prefill_time(b, b * q, role)
+    return model.overhead_time(b)
+
+
+def _check_fitter(fitter: str) -> None:
+    if fitter not in FITTERS:
+        raise UserError(f"--fitter: must be one of {', '.join(FITTERS)} (got {fitter!r})")
+
+
+# -- loading ---------------------------------------------------------------------------------------
+def load_cost_model(path: str | os.PathLike, fitter: str = "linear") -> CostModel:
+    """A cost model from a coefficient ``.json`` (``fitter`` unused) or a profile ``.csv`` fitted with
+    ``fitter``.
+
+    Fitted models, with their held-out error (:func:`fit_report`), are cached under
+    ``$SPECSIM_CACHE_DIR`` (default ``~/.cache/specsim``), keyed by a hash of the CSV bytes, the
+    metadata bytes, the fitter and this code; a corrupt or unreadable entry is ignored and rewritten.
+    """
+    _check_fitter(fitter)
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{path}: no such cost model file (a .json coefficient file or a .csv profile)")
+    if p.suffix == ".json":
+        return model_from_dict(read_json(p), str(path))
+    if p.suffix != ".csv":
+        raise UserError(f"{path}: a cost model is a .json coefficient file or a .csv profile (got {p.suffix!r})")
+    meta = meta_path(p)
+    entry = _cache_dir() / f"{_cache_key(p.read_bytes(), meta.read_bytes() if meta.is_file() else b'', fitter)}.json"
+    try:
+        cached = json.loads(entry.read_text())
+        cached["source"] = str(path)
+        return model_from_dict(cached, str(path))
+    except (OSError, ValueError, TypeError, UserError):
+        pass
+    table = read_profile(p)
+    report = fit_report(table, fitter)
+    fit_error = [{key: (None if isinstance(value, float) and math.isnan(value) else value) for key, value in row.items()}
+                 for row in report.to_dict("records")]
+    model = fit_cost_model(table, fitter, fit_error=fit_error)
+    try:
+        model.save(entry)
+    except OSError:
+        pass  # a read-only cache only costs time
+    return model
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("SPECSIM_CACHE_DIR") or Path.home() / ".cache" / "specsim")
+
+
+@functools.cache
+def _code_version() -> bytes:
+    """Hash of the code that fits: a change to it misses every cached fit."""
+    return hashlib.sha256(Path(__file__).read_bytes() + Path(profile_table.__file__).read_bytes()).digest()
+
+
+def _cache_key(csv: bytes, meta: bytes, fitter: str) -> str:
+    digest = hashlib.sha256()
+    for part in (csv, meta, fitter.encode(), _code_version()):
+        digest.update(len(part).to_bytes(8, "little"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def model_from_dict(data: Any, path: str) -> CostModel:
+    """Validate a coefficient JSON (as parsed) from file ``path`` and build its model.
+
+    Blocks ``target`` and ``prefill`` are required; ``draft``, ``draft_prefill`` and ``overhead`` are
+    optional (see :class:`LinearCostModel`); a missing coefficient is 0. Also optional: ``method``
+    (default ``hand-written``), ``source`` (default ``path``), ``memory``, ``fit_error``, and for
+    fitted models ``grid`` (measured axis values) and ``interp`` (seconds at every grid node).
+    """
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a cost model must be a JSON object (got {type(data).__name__})")
+    for key in data:
+        if key not in KIND and key not in OTHER_KEYS:
+            raise UserError(f"{path}: unknown key {key!r}; known: {', '.join([*KIND, *OTHER_KEYS])}")
+    for block in REQUIRED_BLOCKS:
+        if block not in data:
+            raise UserError(f"{path}: missing block {block!r}")
+    coefficients = {block: _coefficients(data[block], path, block) for block in KIND if block in data}
+    method = data.get("method", "hand-written")
+    if method not in METHODS:
+        raise UserError(f"{path}: method must be one of {', '.join(METHODS)} (got {method!r})")
+    source = data.get("source", path)
+    if not isinstance(source, str):
+        raise UserError(f"{path}: source must be a string (got {source!r})")
+    fit_error = data.get("fit_error")
+    if fit_error is not None and not isinstance(fit_error, list):
+        raise UserError(f"{path}: fit_error must be a list of records (got {type(fit_error).__name__})")
+    memory = Memory.from_dict(data["memory"], f"{path}: memory") if "memory" in data else None
+    grid = _grid(data.get("grid", {}), coefficients, path)
+    common = dict(method=method, source=source, path=path, memory=memory, grid=grid, fit_error=fit_error)
+    if "interp" not in data:
+        return LinearCostModel(coefficients, **common)
+    return InterpCostModel(coefficients, tables=_tables(data["interp"], grid, path), **common)
+
+
+def _coefficients(block_data: Any, path: str, block: str) -> tuple[float, ...]:
+    names = COEFFICIENTS[KIND[block]]
+    if not isinstance(block_data, dict):
+        raise UserError(f"{path}: {block} must be an object of coefficients (got {block_data!r})")
+    for key, value in block_data.items():
+        if key not in names:
+            raise UserError(f"{path}: {block}: unknown key {key!r}; known: {', '.join(names)}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+            raise UserError(f"{path}: {block}.{key} must be a number >= 0 (got {value!r})")
+    return tuple(float(block_data.get(name, 0.0)) for name in names)
+
+
+def _grid(data: Any, coefficients: Coefficients, path: str) -> Grid:
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: grid must be an object (got {type(data).__name__})")
+    grid: Grid = {}
+    for block, axes in data.items():
+        if block not in coefficients or block == "overhead":
+            raise UserError(f"{path}: grid.{block} names no decode or prefill block of this model")
+        names = AXES[KIND[block]]
+        if not isinstance(axes, dict) or sorted(axes) != sorted(names):
+            raise UserError(f"{path}: grid.{block} must have exactly the axes {', '.join(names)}")
+        grid[block] = tuple(_numbers(axes[axis], f"{path}: grid.{block}.{axis}", increasing=True) for axis in names)
+    return grid
+
+
+def _tables(data: Any, grid: Grid, path: str) -> dict[str, tuple[float, ...]]:
+    blocks = sorted(grid)
+    if not isinstance(data, dict) or sorted(data) != blocks:
+        raise UserError(f"{path}: interp must have a table for each grid block ({', '.join(blocks)})")
+    tables = {}
+    for block, values in data.items():
+        tables[block] = _numbers(values, f"{path}: interp.{block}", increasing=False)
+        size = math.prod(len(nodes) for nodes in grid[block])
+        if len(tables[block]) != size:
+            raise UserError(f"{path}: interp.{block} must have {size} values, one per grid node "
+                            f"(got {len(tables[block])})")
+    return tables
+
+
+def _numbers(values: Any, where: str, increasing: bool) -> tuple[float, ...]:
+    """A non-empty list of finite numbers >= 0 (strictly increasing if ``increasing``)."""
+    ok = isinstance(values, list) and values and all(
+        not isinstance(v, bool) and isinstance(v, (int, float)) and 0 <= v < math.inf for v in values)
+    if not ok or (increasing and any(a >= b for a, b in zip(values, values[1:]))):
+        order = "increasing " if increasing else ""
+        raise UserError(f"{where} must be a non-empty list of {order}numbers >= 0 (got {values!r})")
+    return tuple(float(v) for v in values)

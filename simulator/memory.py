@@ -1,0 +1,35 @@
+"""KV-cache capacity from a memory budget (vLLM's profiling step, done on paper).
+
+num_gpu_blocks = floor((device memory x utilisation - target weights - draft weights - activation reserve)
+                       / (block_size x KV bytes per token)),
+where a token's KV bytes are the target's plus, with a draft-model proposer, the draft's
+(2 x layers x kv_heads x head_dim x dtype bytes each). Memory in GiB, KV in bytes per token.
+"""
+from __future__ import annotations
+
+from simulator.config import SimConfig
+from simulator.cost_model import CostModel
+from simulator.errors import UserError
+
+GIB = 1024 ** 3
+
+
+def num_gpu_blocks(config: SimConfig, cost_model: CostModel, speculative: bool) -> int:
+    """KV-cache blocks for ``config``: its ``num_gpu_blocks`` if set, else derived from the memory budget."""
+    if config.num_gpu_blocks is not None:
+        return config.num_gpu_blocks
+    mem = cost_model.memory
+    if mem is None:
+        raise UserError(f"--profile {cost_model.source}: has no memory figures to derive the KV cache from; "
+                        "give --num-gpu-blocks")
+    device_gb = config.gpu_memory_gb if config.gpu_memory_gb is not None else mem.device_memory_gb
+    with_draft = speculative and config.proposer == "draft"
+    weights_gb = mem.target_weight_gb + (mem.draft_weight_gb if with_draft else 0.0)
+    kv_bytes = mem.target_kv_bytes_per_token + (mem.draft_kv_bytes_per_token if with_draft else 0.0)
+    free_gb = device_gb * config.gpu_memory_utilization - weights_gb - config.activation_reserve_gb
+    blocks = int(free_gb * GIB // (config.block_size * kv_bytes))
+    if blocks <= 0:
+        raise UserError(f"config: no memory left for the KV cache: {device_gb:g} GiB x "
+                        f"{config.gpu_memory_utilization:g} - {weights_gb:.2f} GiB weights - "
+                        f"{config.activation_reserve_gb:g} GiB reserve = {free_gb:.2f} GiB")
+    return blocks

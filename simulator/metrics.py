@@ -1,0 +1,132 @@
+"""Per-request and per-step records, and the summary figures.
+
+Per-request columns (the same from the simulator and the real engine, DESIGN.md):
+``request_id, arrival_time, first_token_time, finish_time, prompt_tokens, output_tokens,
+proposed_tokens, accepted_tokens, preemptions`` and derived ``ttft`` (first_token_time - arrival_time, s),
+``tpot`` ((finish_time - first_token_time) / (output_tokens - 1), s per token; NaN for one-token outputs),
+``latency`` (finish_time - arrival_time, s) and ``norm_latency`` (latency / output_tokens, s per token).
+
+Conventions: acceptance rate = accepted / proposed draft tokens; mean acceptance length = emitted tokens
+per request-step that proposed at least one token, *including the bonus token* (vLLM's convention), i.e.
+(accepted + speculative request-steps) / speculative request-steps.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+REQUEST_COLUMNS = ["request_id", "arrival_time", "first_token_time", "finish_time", "prompt_tokens",
+                   "output_tokens", "proposed_tokens", "accepted_tokens", "preemptions"]
+DERIVED_COLUMNS = ["ttft", "tpot", "latency", "norm_latency"]
+STEP_COLUMNS = ["start_time", "seconds", "kind", "batch_size", "prefill_tokens", "k_max", "proposed",
+                "accepted", "emitted", "kv_blocks_used", "num_waiting"]
+
+
+class Recorder:
+    """Collects what the engine reports; cheap enough to call every step."""
+
+    def __init__(self, arrival_time: np.ndarray, prompt_tokens: np.ndarray, output_tokens: np.ndarray,
+                 save_steps: bool) -> None:
+        n = len(arrival_time)
+        self.arrival_time = arrival_time
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.first_token_time = np.full(n, np.nan)
+        self.finish_time = np.full(n, np.nan)
+        self.proposed = np.zeros(n, dtype=np.int64)
+        self.accepted = np.zeros(n, dtype=np.int64)
+        self.spec_steps = np.zeros(n, dtype=np.int64)
+        self.preemptions = np.zeros(n, dtype=np.int64)
+        self.finished = 0
+        self.num_steps = 0
+        self.steps: list[tuple] | None = [] if save_steps else None
+
+    def first_token(self, rid: int, t: float) -> None:
+        if math.isnan(self.first_token_time[rid]):
+            self.first_token_time[rid] = t
+
+    def finish(self, rid: int, t: float) -> None:
+        if not math.isnan(self.finish_time[rid]):
+            raise RuntimeError(f"request {rid} finished twice")
+        self.finish_time[rid] = t
+        self.finished += 1
+
+    def preempt(self, rid: int, t: float) -> None:
+        self.preemptions[rid] += 1
+
+    def decode(self, rid: np.ndarray, proposed: np.ndarray, accepted: np.ndarray) -> None:
+        """Speculative outcome of one step (request ids are unique within a step)."""
+        self.proposed[rid] += proposed
+        self.accepted[rid] += accepted
+        self.spec_steps[rid] += proposed > 0
+
+    def step(self, start: float, seconds: float, kind: str, batch_size: int, prefill_tokens: int, k_max: int,
+             proposed: int, accepted: int, emitted: int, kv_blocks_used: int, num_waiting: int) -> None:
+        self.num_steps += 1
+        if self.steps is not None:
+            self.steps.append((start, seconds, kind, batch_size, prefill_tokens, k_max, proposed, accepted,
+                               emitted, kv_blocks_used, num_waiting))
+
+    # -- frames ---------------------------------------------------------------------------------
+    def requests_frame(self) -> pd.DataFrame:
+        frame = pd.DataFrame({
+            "request_id": np.arange(len(self.arrival_time), dtype=np.int64),
+            "arrival_time": self.arrival_time,
+            "first_token_time": self.first_token_time,
+            "finish_time": self.finish_time,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "proposed_tokens": self.proposed,
+            "accepted_tokens": self.accepted,
+            "preemptions": self.preemptions,
+        })
+        return add_derived(frame)
+
+    def steps_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.steps or [], columns=STEP_COLUMNS)
+
+    def acceptance_length(self) -> float:
+        """Mean tokens emitted per speculative request-step, bonus token included (NaN without speculation)."""
+        steps = int(self.spec_steps.sum())
+        return (int(self.accepted.sum()) + steps) / steps if steps else float("nan")
+
+
+def add_derived(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add ttft, tpot, latency and norm_latency (seconds; see module docstring) to a per-request frame."""
+    out = frame.copy()
+    out["ttft"] = out["first_token_time"] - out["arrival_time"]
+    decode_tokens = (out["output_tokens"] - 1).where(out["output_tokens"] > 1)
+    out["tpot"] = (out["finish_time"] - out["first_token_time"]) / decode_tokens
+    out["latency"] = out["finish_time"] - out["arrival_time"]
+    out["norm_latency"] = out["latency"] / out["output_tokens"]
+    return out
+
+
+def summarize(requests: pd.DataFrame, acceptance_length: float = float("nan")) -> dict[str, float]:
+    """The figures of ``summary.json``: mean/p50/p90/p99 of latency, norm_latency, ttft, tpot (seconds),
+    throughput (requests/s), goodput (generated tokens/s), acceptance rate and length, preemptions."""
+    out: dict[str, float] = {"requests": int(len(requests))}
+    for col in DERIVED_COLUMNS:
+        values = requests[col].to_numpy(dtype=float)
+        values = values[~np.isnan(values)]
+        out[f"mean_{col}"] = float(values.mean()) if values.size else float("nan")
+        for q in (50, 90, 99):
+            out[f"p{q}_{col}"] = float(np.percentile(values, q)) if values.size else float("nan")
+    start = float(requests["arrival_time"].min()) if len(requests) else 0.0
+    end = float(requests["finish_time"].max()) if len(requests) else 0.0
+    span = end - start
+    tokens = int(requests["output_tokens"].sum())
+    out["simulated_seconds"] = span
+    out["throughput"] = len(requests) / span if span > 0 else float("nan")
+    out["goodput"] = tokens / span if span > 0 else float("nan")
+    out["output_tokens"] = tokens
+    proposed = int(requests["proposed_tokens"].sum())
+    accepted = int(requests["accepted_tokens"].sum())
+    out["proposed_tokens"] = proposed
+    out["accepted_tokens"] = accepted
+    out["acceptance_rate"] = accepted / proposed if proposed else float("nan")
+    out["mean_acceptance_length"] = acceptance_length
+    out["preemptions"] = int(requests["preemptions"].sum())
+    return out

@@ -1,0 +1,94 @@
+"""Figures from result DataFrames only, so any figure can be redrawn without rerunning.
+
+- :func:`plot_latency_vs_rate`: mean and p99 normalised latency (s/token) versus request rate, one line
+  per policy spec, with the best static choice (the lowest of no-spec and every fixed k at each rate)
+  drawn dashed for reference.
+- :func:`plot_speedup`: mean-latency speedup over no-spec versus rate.
+- :func:`plot_k_over_time`: the k an adaptive policy chose, step by step, at one rate.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+STATIC = ("no-spec", "fixed-k")
+
+
+def mean_over_seeds(summary: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """One row per (policy, rate): the mean over seeds of ``columns``."""
+    return summary.groupby(["policy", "rate"], sort=True)[columns].mean().reset_index()
+
+
+def best_static(summary: pd.DataFrame, column: str) -> pd.Series:
+    """Per rate, the lowest ``column`` among static policies (no-spec and fixed k), seeds averaged."""
+    static = summary[summary["policy_name"].isin(STATIC)]
+    return mean_over_seeds(static, [column]).groupby("rate")[column].min()
+
+
+def _title(summary: pd.DataFrame) -> str:
+    methods = sorted(set(summary.get("profile_method", pd.Series(["?"])).astype(str)))
+    note = " (ANALYTICAL profile)" if "analytical" in methods else f" ({', '.join(methods)} profile)"
+    return note
+
+
+def _save(fig, path: str | Path) -> str:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    tmp.replace(path)
+    return str(path)
+
+
+def plot_latency_vs_rate(summary: pd.DataFrame, path: str | Path) -> str:
+    cols = ["mean_norm_latency", "p99_norm_latency"]
+    data = mean_over_seeds(summary, cols)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, col in zip(axes, cols):
+        for policy, group in data.groupby("policy", sort=False):
+            ax.plot(group["rate"], group[col] * 1e3, marker="o", ms=3, label=policy)
+        envelope = best_static(summary, col)
+        ax.plot(envelope.index, envelope.to_numpy() * 1e3, "k--", lw=1.2, label="best static choice")
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel(f"{col.split('_')[0]} normalised latency (ms/token)")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Latency versus request rate" + _title(summary))
+    return _save(fig, path)
+
+
+def plot_speedup(summary: pd.DataFrame, path: str | Path) -> str:
+    data = mean_over_seeds(summary, ["mean_latency"])
+    base = data[data["policy"] == "no-spec"].set_index("rate")["mean_latency"]
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for policy, group in data.groupby("policy", sort=False):
+        g = group.set_index("rate")
+        ax.plot(g.index, base.reindex(g.index) / g["mean_latency"], marker="o", ms=3, label=policy)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("request rate (req/s)")
+    ax.set_ylabel("speedup of mean latency over no-spec")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Speedup over no speculation" + _title(summary))
+    return _save(fig, path)
+
+
+def plot_k_over_time(steps: pd.DataFrame, path: str | Path, label: str) -> str:
+    decode = steps[steps["kind"] != "prefill"]
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    ax.plot(decode["start_time"], decode["k_max"], lw=0.6, alpha=0.5, label="k (largest in batch)")
+    ax2 = ax.twinx()
+    ax2.plot(decode["start_time"], decode["batch_size"], color="tab:orange", lw=0.6, alpha=0.7, label="batch size")
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel("k chosen")
+    ax2.set_ylabel("running requests")
+    ax.set_title(f"k chosen over time: {label}")
+    fig.legend(loc="upper right", fontsize=8)
+    return _save(fig, path)

@@ -1,0 +1,229 @@
+"""Profile tables: the seconds of single forward passes, one row per measured (or computed) point.
+
+A profile is a CSV with one row per point and a metadata file beside it, ``<stem>.meta.json``.
+
+Required columns (units: sequences, tokens, seconds):
+
+- ``role``: ``target`` or ``draft``;
+- ``phase``: ``prefill``, ``decode``, or ``overhead`` (role ``target`` only: the per-step scheduler and
+  sampling seconds of a step over ``batch_size`` sequences; ``query_len`` and ``context_len`` are ignored);
+- ``batch_size``: sequences in the pass (>= 1);
+- ``query_len``: new tokens per sequence: the prompt length for prefill, k + 1 for a target
+  decode/verification pass, 1 for a draft decode pass;
+- ``context_len``: tokens already in each sequence's KV cache before the pass (0 for prefill);
+- ``seconds``: median wall seconds of one forward pass (> 0).
+
+Optional numeric columns: ``seconds_p10``, ``seconds_p90``, ``repeats``, ``num_layers``; other columns are
+kept and ignored. The metadata is free-form JSON (device, dtype, versions, date, grid, ...) except
+``method`` (``measured`` or ``analytical``; default ``measured``) and ``memory`` (see :class:`Memory`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from simulator.errors import UserError
+
+ROLES = ("target", "draft")
+PHASES = ("prefill", "decode", "overhead")
+REQUIRED_COLUMNS = ("role", "phase", "batch_size", "query_len", "context_len", "seconds")
+OPTIONAL_COLUMNS = ("seconds_p10", "seconds_p90", "repeats", "num_layers")
+TABLE_METHODS = ("measured", "analytical")
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Memory figures of a device and a target/draft pair: sizes in GiB, KV cache in bytes per token.
+
+    A token's KV bytes are 2 (K and V) x layers x kv_heads x head_dim x dtype bytes. The draft figures
+    default to 0 (a profile without a draft model).
+    """
+
+    device_memory_gb: float
+    target_weight_gb: float
+    target_kv_bytes_per_token: float
+    draft_weight_gb: float = 0.0
+    draft_kv_bytes_per_token: float = 0.0
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str) -> "Memory":
+        """Validate a JSON ``memory`` object; errors name ``where`` (e.g. ``"x.meta.json: memory"``)."""
+        if not isinstance(data, dict):
+            raise UserError(f"{where} must be a JSON object (got {data!r})")
+        names = [f.name for f in cls.__dataclass_fields__.values()]
+        for key in data:
+            if key not in names:
+                raise UserError(f"{where}: unknown key {key!r}; known: {', '.join(names)}")
+        for key in names[:3]:
+            if key not in data:
+                raise UserError(f"{where}: missing {key}")
+        for key, value in data.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise UserError(f"{where}: {key} must be a number >= 0 (got {value!r})")
+        if data["device_memory_gb"] <= 0:
+            raise UserError(f"{where}: device_memory_gb must be > 0 (got {data['device_memory_gb']!r})")
+        return cls(**data)
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, eq=False)
+class ProfileTable:
+    """A validated profile: ``frame`` has the required columns (``batch_size``, ``query_len``,
+    ``context_len`` as int64, ``seconds`` as float64), ``meta`` the metadata (``{}`` if no file),
+    ``path`` the CSV it was read from (named in error messages)."""
+
+    frame: pd.DataFrame
+    meta: dict = field(default_factory=dict)
+    path: str = "profile"
+
+    @property
+    def method(self) -> str:
+        """``measured`` or ``analytical`` (from the metadata; ``measured`` when it does not say)."""
+        return self.meta.get("method", "measured")
+
+    @property
+    def memory(self) -> Memory | None:
+        """The metadata's memory figures, or ``None``."""
+        if "memory" not in self.meta:
+            return None
+        return Memory.from_dict(self.meta["memory"], f"{meta_path(self.path)}: memory")
+
+
+def meta_path(path: str | os.PathLike) -> Path:
+    """The metadata file beside a profile CSV: ``dir/x.csv`` -> ``dir/x.meta.json``."""
+    p = Path(path)
+    return p.with_name(p.stem + ".meta.json")
+
+
+def read_profile(path: str | os.PathLike) -> ProfileTable:
+    """Read and validate a profile CSV and its metadata (if present). Bad input raises :class:`UserError`."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{path}: no such profile file")
+    try:
+        frame = pd.read_csv(p)
+    except pd.errors.EmptyDataError:
+        raise UserError(f"{path}: empty file, expected a CSV header with {', '.join(REQUIRED_COLUMNS)}") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+    mp = meta_path(p)
+    meta = read_json(mp) if mp.is_file() else {}
+    _check_meta(meta, str(mp))
+    return ProfileTable(frame=validate_frame(frame, str(path)), meta=meta, path=str(path))
+
+
+def write_profile(frame: pd.DataFrame, meta: dict, path: str | os.PathLike) -> None:
+    """Validate and write a profile CSV and its ``<stem>.meta.json``, each atomically."""
+    frame = validate_frame(frame, str(path))
+    _check_meta(meta, str(meta_path(path)))
+    write_atomic(path, frame.to_csv(index=False))
+    write_atomic(meta_path(path), json.dumps(meta, indent=2) + "\n")
+
+
+def validate_frame(frame: pd.DataFrame, where: str) -> pd.DataFrame:
+    """A copy of ``frame`` with checked, typed columns; the first bad cell raises a one-line UserError
+    naming ``where``, the 1-based data row and the value."""
+    for column in REQUIRED_COLUMNS:
+        if column not in frame.columns:
+            raise UserError(f"{where}: missing column {column!r} (columns: {', '.join(map(str, frame.columns))})")
+    out = frame.reset_index(drop=True).copy()
+    for column, options in (("role", ROLES), ("phase", PHASES)):
+        bad = ~out[column].isin(options)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise UserError(f"{where}: row {row + 1} {column} must be one of {', '.join(options)} "
+                            f"(got {_cell(out[column].iloc[row])!r})")
+    for column, minimum in (("batch_size", 1), ("query_len", 0), ("context_len", 0)):
+        out[column] = _numeric(out[column], where, minimum, integer=True).astype(np.int64)
+    out["seconds"] = _numeric(out["seconds"], where, 0, strict=True)
+    for column in OPTIONAL_COLUMNS:
+        if column in out.columns:
+            values = _numeric(out[column], where, 0, allow_missing=True)
+            if not pd.api.types.is_numeric_dtype(out[column]):
+                out[column] = values
+    overhead = out["phase"] == "overhead"
+    _rule(out, overhead & (out["role"] != "target"), where, "role", "must be target for phase overhead")
+    _rule(out, ~overhead & (out["query_len"] < 1), where, "query_len", "must be >= 1")
+    _rule(out, (out["phase"] == "prefill") & (out["context_len"] != 0), where, "context_len",
+          "must be 0 for prefill (prefill over a cached prefix is not modelled)")
+    _rule(out, (out["role"] == "draft") & (out["phase"] == "decode") & (out["query_len"] != 1), where,
+          "query_len", "must be 1 for a draft decode pass")
+    return out
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Parse a JSON file; a missing or malformed file raises a one-line UserError."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically: a temporary file in the same folder, fsync, ``os.replace``.
+
+    Readers see the old file or the new one, never a partial write. Missing parent folders are created.
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _check_meta(meta: Any, where: str) -> None:
+    if not isinstance(meta, dict):
+        raise UserError(f"{where}: metadata must be a JSON object (got {type(meta).__name__})")
+    if meta.get("method", "measured") not in TABLE_METHODS:
+        raise UserError(f"{where}: method must be one of {', '.join(TABLE_METHODS)} (got {meta['method']!r})")
+    if "memory" in meta:
+        Memory.from_dict(meta["memory"], f"{where}: memory")
+
+
+def _numeric(raw: pd.Series, where: str, minimum: float, strict: bool = False, integer: bool = False,
+             allow_missing: bool = False) -> pd.Series:
+    """``raw`` as float64 numbers, checked to be ``>= minimum`` (``> minimum`` if ``strict``)."""
+    values = pd.to_numeric(raw, errors="coerce").astype(float)
+    missing = raw.isna()
+    bad = (values.isna() & ~missing) | (missing & (not allow_missing))
+    bad |= ~missing & ~(np.isfinite(values) & ((values > minimum) if strict else (values >= minimum)))
+    if integer:
+        bad |= values.notna() & (values != np.round(values))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        kind = "an integer" if integer else "a number"
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise UserError(f"{where}: row {row + 1} {raw.name} must be {kind} {bound} (got {_cell(raw.iloc[row])!r})")
+    return values
+
+
+def _rule(frame: pd.DataFrame, bad: pd.Series, where: str, column: str, problem: str) -> None:
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
+        raise UserError(f"{where}: row {row + 1} {column} {problem} (got {_cell(frame[column].iloc[row])!r})")
+
+
+def _cell(value: Any) -> Any:
+    """A numpy scalar as the plain Python value, for messages."""
+    return value.item() if isinstance(value, np.generic) else value

@@ -1,0 +1,105 @@
+"""One simulation run: build every part from a :class:`SimConfig`, run SimPy, collect the results.
+
+Random streams: one ``numpy.random.SeedSequence(config.seed)`` spawns, in this fixed order, the
+generators for arrivals, lengths, acceptance and the n-gram lookup, so adding a stream never shifts
+the others and the same config gives the same results bit for bit.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from policies.registry import load_policy_file, make_policy
+from simulator.acceptance import make_acceptance
+from simulator.config import SimConfig, config_hash
+from simulator.cost_model import CostModel, load_cost_model
+from simulator.engine import EngineSpec, ServingEngine
+from simulator.errors import UserError
+from simulator.memory import num_gpu_blocks
+from simulator.metrics import Recorder, summarize
+from simulator.results import write_csv, write_json
+from simulator.workload import Workload, build_workload
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What one run produced: per-request rows, per-step rows (``None`` unless ``save_steps``), the summary."""
+
+    config: SimConfig
+    requests: pd.DataFrame
+    steps: pd.DataFrame | None
+    summary: dict[str, Any]
+
+
+def is_speculative(config: SimConfig) -> bool:
+    """Whether the policy may ever propose tokens (then the draft model's memory and prefill count)."""
+    return config.k > 0 and config.policy != "no-spec"
+
+
+def run_simulation(config: SimConfig, workload: Workload | None = None) -> SimResult:
+    """Run one simulation. ``workload`` overrides the one the config describes (e.g. the real engine's)."""
+    wall = time.perf_counter()
+    arrival_rng, length_rng, acceptance_rng, ngram_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(4))
+    if workload is None:
+        workload = build_workload(config, arrival_rng, length_rng)
+    cost = load_cost_model(config.profile, config.fitter)
+    policy_cost = cost if config.policy_profile is None else load_cost_model(config.policy_profile, config.fitter)
+    speculative = is_speculative(config)
+    if speculative and config.proposer == "draft" and not cost.has("draft", "decode"):
+        raise UserError(f"--profile {config.profile}: has no draft decode costs; a draft-model proposer needs them "
+                        "(use --proposer ngram or a profile with a draft)")
+    if config.policy_file is not None:
+        load_policy_file(config.policy_file)
+    policy = make_policy(config.policy, config.k, dict(config.policy_params))
+    blocks = num_gpu_blocks(config, cost, speculative)
+    spec = EngineSpec(
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        block_size=config.block_size,
+        num_gpu_blocks=blocks,
+        chunked_prefill=config.scheduler == "chunked-prefill",
+        max_k=config.k,
+        draft_proposer=config.proposer == "draft",
+        ngram_match_prob=config.ngram_match_prob,
+        speculative=speculative,
+    )
+    recorder = Recorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens, config.save_steps)
+    env = simpy.Environment()
+    engine = ServingEngine(env, spec, workload, cost, policy, policy_cost, make_acceptance(config, acceptance_rng),
+                           ngram_rng, recorder)
+    engine.start()
+    env.run()
+    if recorder.finished != len(workload):
+        raise RuntimeError(f"{len(workload) - recorder.finished} requests never finished")
+    requests = recorder.requests_frame()
+    summary = summarize(requests, recorder.acceptance_length())
+    summary.update({
+        "policy": config.policy,
+        "k": config.k,
+        "profile": config.profile,
+        "profile_method": cost.method,
+        "num_gpu_blocks": blocks,
+        "steps": recorder.num_steps,
+        "workload": workload.source,
+        "config_hash": config_hash(config),
+        "wall_seconds": time.perf_counter() - wall,
+    })
+    steps = recorder.steps_frame() if config.save_steps else None
+    return SimResult(config, requests, steps, summary)
+
+
+def write_result(result: SimResult, out_dir: str | Path) -> None:
+    """Write ``config.json``, ``requests.csv``, ``steps.csv`` (if recorded) and, last, ``summary.json``."""
+    out = Path(out_dir)
+    write_json(out / "config.json", result.config.to_dict())
+    write_csv(out / "requests.csv", result.requests)
+    if result.steps is not None:
+        write_csv(out / "steps.csv", result.steps)
+    write_json(out / "summary.json", result.summary)

@@ -1,0 +1,131 @@
+"""Tuning a policy's parameters for a latency SLO over a range of request rates.
+
+A tune is a sweep over candidate policy specs (a grid of parameter values) followed by an analysis:
+for each candidate, the SLO metric (seed-averaged) at each rate, and its **sustainable rate** = the
+highest rate at which it and every lower rate meet the SLO. The best candidate has the highest
+sustainable rate, ties broken by the lowest rate-averaged metric. The trade-off curve is the
+sustainable rate versus the metric at the lightest load, one point per candidate.
+"""
+from __future__ import annotations
+
+import itertools
+import operator
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from simulator.errors import UserError
+from simulator.metrics import DERIVED_COLUMNS
+
+_OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
+SLO_METRICS = [f"{s}_{c}" for c in DERIVED_COLUMNS for s in ("mean", "p50", "p90", "p99")] + ["throughput",
+                                                                                              "goodput"]
+
+#: Default search spaces: parameter -> values (``k`` is the config's k / K_max).
+DEFAULT_SPACES: dict[str, dict[str, list[Any]]] = {
+    "goodput": {"k": [2, 4, 6], "bonus": [1.0, 1.1, 1.3]},
+    "threshold": {"k": [2, 4], "max_batch": [4, 16, 64]},
+    "fixed-k": {"k": [1, 2, 3, 4, 5, 6]},
+}
+
+
+@dataclass(frozen=True)
+class Slo:
+    """``metric op bound``, e.g. p99 latency <= 20 s (seconds for latency metrics)."""
+
+    metric: str
+    op: str
+    bound: float
+
+    def met(self, value: float) -> bool:
+        return bool(_OPS[self.op](value, self.bound))
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.bound:g}"
+
+
+def parse_slo(text: str) -> Slo:
+    """``"p99_latency<=20"`` -> Slo("p99_latency", "<=", 20.0); anything else is a one-line UserError."""
+    m = re.fullmatch(r"\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([0-9.eE+-]+)\s*", text or "")
+    if not m:
+        raise UserError(f"--slo: cannot parse {text!r} (expected METRIC<=VALUE, e.g. p99_latency<=20)")
+    metric, op, raw = m.groups()
+    if metric not in SLO_METRICS:
+        raise UserError(f"--slo: unknown metric {metric!r}; known: {', '.join(SLO_METRICS)}")
+    try:
+        bound = float(raw)
+    except ValueError:
+        raise UserError(f"--slo: bound is not a number: {raw!r}") from None
+    return Slo(metric, op, bound)
+
+
+def parse_space(items: list[str] | None, policy: str) -> dict[str, list[Any]]:
+    """``["bonus=1.0,1.1", "k=2,4"]`` -> {"bonus": [1.0, 1.1], "k": [2, 4]}; default space if none given."""
+    from simulator.cli import _number_or_text
+
+    if not items:
+        if policy not in DEFAULT_SPACES:
+            raise UserError(f"tune: no default search space for policy {policy!r}; give --param NAME=V1,V2")
+        return DEFAULT_SPACES[policy]
+    space = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or not name.strip() or not values:
+            raise UserError(f"--param: expected NAME=V1,V2,..., got {item!r}")
+        space[name.strip()] = [_number_or_text(v.strip()) for v in values.split(",")]
+    return space
+
+
+def candidate_specs(policy: str, space: dict[str, list[Any]]) -> list[str]:
+    """Policy specs (``NAME:K/P=V/...``) for every combination in ``space``."""
+    names = list(space)
+    specs = []
+    for values in itertools.product(*(space[n] for n in names)):
+        chosen = dict(zip(names, values))
+        spec = policy + (f":{chosen.pop('k')}" if "k" in chosen else "")
+        spec += "".join(f"/{n}={v}" for n, v in chosen.items())
+        specs.append(spec)
+    return specs
+
+
+def analyse(summary: pd.DataFrame, slo: Slo) -> pd.DataFrame:
+    """One row per candidate: sustainable rate, metric at the lightest load, rate-averaged metric; best first."""
+    if slo.metric not in summary.columns:
+        raise UserError(f"--slo: metric {slo.metric!r} is not in the sweep summary")
+    by = summary.groupby(["policy", "rate"])[slo.metric].mean().reset_index()
+    rows = []
+    for spec, group in by.groupby("policy", sort=False):
+        group = group.sort_values("rate")
+        sustainable = 0.0
+        for rate, value in zip(group["rate"], group[slo.metric]):
+            if not slo.met(value):
+                break
+            sustainable = rate
+        rows.append({"policy": spec, "sustainable_rate": sustainable,
+                     f"{slo.metric}_at_lightest": float(group[slo.metric].iloc[0]),
+                     f"mean_{slo.metric}": float(group[slo.metric].mean()),
+                     "meets_slo_everywhere": bool(all(slo.met(v) for v in group[slo.metric]))})
+    table = pd.DataFrame(rows)
+    lower_is_better = slo.op in ("<=", "<")
+    table = table.sort_values(["sustainable_rate", f"mean_{slo.metric}"], ascending=[False, lower_is_better])
+    return table.reset_index(drop=True)
+
+
+def plot_tradeoff(table: pd.DataFrame, slo: Slo, path: str | Path) -> str:
+    from simulator.plots import _save, plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    x, y = table["sustainable_rate"], table[f"{slo.metric}_at_lightest"]
+    ax.scatter(x, y, s=18)
+    best = table.iloc[0]
+    ax.scatter([best["sustainable_rate"]], [best[f"{slo.metric}_at_lightest"]], s=80, facecolors="none",
+               edgecolors="red", label=f"best: {best['policy']}")
+    ax.set_xlabel(f"sustainable rate under {slo} (req/s)")
+    ax.set_ylabel(f"{slo.metric} at the lightest load")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Tuning trade-off: one point per parameter setting")
+    return _save(fig, path)

@@ -1,0 +1,298 @@
+"""Request workloads: when each request arrives and how many tokens it reads and writes.
+
+A :class:`Workload` is three aligned arrays, one entry per request: ``arrival_time`` (seconds from the
+start of the simulation, non-decreasing), ``prompt_tokens`` and ``output_tokens`` (both >= 1; the prefill
+pass emits the first output token). :func:`build_workload` makes one from a :class:`SimConfig`:
+
+* ``arrival=poisson``: exponential inter-arrival times with mean ``1/rate`` seconds.
+* ``arrival=gamma``: Gamma inter-arrival times with mean ``1/rate`` and coefficient of variation ``cv``
+  (shape ``1/cv**2``, scale ``cv**2/rate``); ``cv=1`` is Poisson, ``cv>1`` bursty.
+  Synthetic arrivals start at the first gap (the first arrival is > 0). ``num_requests`` of them, cut at
+  ``duration`` (arrivals ``< duration`` kept) when that is set too, or as many as fall before ``duration``.
+  Their lengths follow ``length_dist``: ``fixed`` (``prompt_len``, ``output_len``), ``file`` (rows of
+  ``length_file`` drawn with replacement, prompt and output together so their correlation is kept) or
+  ``lognormal`` (medians ``prompt_len`` / ``output_len``, log-sigma ``length_sigma``, rounded, >= 1).
+  ``file`` and ``lognormal`` lengths are clipped to ``max_prompt_len`` / ``max_output_len``.
+* ``arrival=trace``: replay ``trace`` with its own lengths, never clipped (an over-long request is for the
+  engine to report, not for the workload to hide). Truncated to the first ``num_requests`` rows; then
+  every time is multiplied by one factor: ``1/trace_speedup``, or the factor that makes the mean rate of
+  the kept requests, ``(n - 1) / (t_last - t_first)``, exactly ``rate``; then cut at ``duration``
+  (arrivals ``< duration`` kept, on the rescaled clock).
+
+Random numbers: arrivals come from ``arrival_rng`` and lengths from ``length_rng``, drawn so that request
+``i`` gets the same draws whatever the rate or the number of requests: a sweep over ``rate`` with one
+seed replays the same requests, only closer together (common random numbers).
+
+Trace files (detected by their header):
+
+* Azure LLM inference 2023: ``TIMESTAMP,ContextTokens,GeneratedTokens`` with absolute timestamps such as
+  ``2023-11-16 18:15:46.6805900``; times are made relative to the first row (the first arrival is 0).
+* plain: ``arrival_time,prompt_tokens,output_tokens``, times in seconds, used as they are.
+
+Length files (:func:`read_lengths`): ShareGPT statistics ``num_prefill_tokens,num_decode_tokens,...``,
+or any file with ``prompt_tokens,output_tokens`` or ``ContextTokens,GeneratedTokens`` (a trace will do).
+
+A bad file stops with a one-line :class:`UserError` naming the file, the line (the header is line 1;
+blank lines are skipped and not counted), the column and the value. Token counts must be whole numbers
+>= 1 (an output of 0 is refused too: every request emits at least one token); times must be finite and
+>= 0. Decision: a trace whose times go backwards is refused at the first such line rather than silently
+sorted, since reordering would change which request is which; equal times are fine (Mooncake starts with
+many requests at 0.0).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from simulator.config import SimConfig
+from simulator.errors import UserError, require
+
+#: Trace formats by name: the columns holding (time, prompt tokens, output tokens).
+TRACE_FORMATS: dict[str, tuple[str, str, str]] = {
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "plain": ("arrival_time", "prompt_tokens", "output_tokens"),
+}
+#: Length-file formats by name: the columns holding (prompt tokens, output tokens).
+LENGTH_FORMATS: dict[str, tuple[str, str]] = {
+    "sharegpt": ("num_prefill_tokens", "num_decode_tokens"),
+    "plain": ("prompt_tokens", "output_tokens"),
+    "azure": ("ContextTokens", "GeneratedTokens"),
+}
+#: Most synthetic requests one workload may hold (about 1.2 GB of arrays); more is surely a typo.
+MAX_SYNTHETIC_REQUESTS = 50_000_000
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests to serve, one array entry per request, in arrival order. The arrays are read-only."""
+
+    arrival_time: np.ndarray
+    """float64 seconds from the start of the simulation, non-decreasing."""
+    prompt_tokens: np.ndarray
+    """int64 prompt length, tokens, >= 1."""
+    output_tokens: np.ndarray
+    """int64 tokens to generate, >= 1 (the prefill pass emits the first)."""
+    source: str
+    """Where the requests came from, for humans: ``"poisson rate=4, fixed lengths 512/128"``."""
+
+    def __post_init__(self) -> None:
+        for name, dtype in (("arrival_time", np.float64), ("prompt_tokens", np.int64),
+                            ("output_tokens", np.int64)):
+            array = np.array(getattr(self, name), dtype=dtype)
+            array.setflags(write=False)
+            object.__setattr__(self, name, array)
+        n = len(self.arrival_time)
+        if not (self.arrival_time.ndim == 1 and len(self.prompt_tokens) == n and len(self.output_tokens) == n):
+            raise ValueError("Workload: arrays must be one-dimensional and of equal length")
+        if n and (np.any(np.diff(self.arrival_time) < 0) or not np.all(np.isfinite(self.arrival_time))):
+            raise ValueError("Workload: arrival_time must be finite and non-decreasing")
+        if n and (self.prompt_tokens.min() < 1 or self.output_tokens.min() < 1):
+            raise ValueError("Workload: prompt_tokens and output_tokens must be >= 1")
+
+    def __len__(self) -> int:
+        return len(self.arrival_time)
+
+    def to_frame(self) -> pd.DataFrame:
+        """Columns ``arrival_time,prompt_tokens,output_tokens``: the plain trace format, so that
+        ``to_frame().to_csv(path, index=False)`` writes a file :func:`read_trace` replays as is."""
+        return pd.DataFrame({"arrival_time": self.arrival_time, "prompt_tokens": self.prompt_tokens,
+                             "output_tokens": self.output_tokens})
+
+
+# --- building ----------------------------------------------------------------------------------------
+
+def build_workload(config: SimConfig, arrival_rng: np.random.Generator,
+                   length_rng: np.random.Generator) -> Workload:
+    """The workload ``config`` describes (see the module docstring). Traces use neither generator."""
+    if config.arrival == "trace":
+        return _replay(config)
+    arrivals = _synthetic_arrivals(config, arrival_rng)
+    prompt, output, lengths = _synthetic_lengths(config, len(arrivals), length_rng)
+    process = f"poisson rate={config.rate:g}" if config.arrival == "poisson" else \
+        f"gamma rate={config.rate:g} cv={config.cv:g}"
+    return Workload(arrivals, prompt, output, f"{process}, {lengths}")
+
+
+def _synthetic_arrivals(config: SimConfig, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times, seconds: cumulative sums of i.i.d. gaps of mean ``1/rate``, cut at ``duration``."""
+    rate, duration = config.rate, config.duration
+    assert rate is not None  # SimConfig requires a rate for synthetic arrivals
+    expected = min(config.num_requests or np.inf, rate * duration if duration is not None else np.inf)
+    require(expected <= MAX_SYNTHETIC_REQUESTS,
+            f"config: num_requests/rate x duration ask for {expected:.3g} requests, more than "
+            f"{MAX_SYNTHETIC_REQUESTS:,} (got rate={rate:g}, duration={duration}, num_requests={config.num_requests})")
+    if config.arrival == "poisson":
+        def gaps(n: int) -> np.ndarray:
+            return rng.standard_exponential(n) / rate
+    else:
+        shape = 1.0 / config.cv ** 2
+
+        def gaps(n: int) -> np.ndarray:
+            return rng.standard_gamma(shape, n) / (shape * rate)
+
+    if config.num_requests is not None:
+        times = np.cumsum(gaps(config.num_requests))
+    else:  # until duration: chunks of about the expected count; the stream is the same as one big draw
+        assert duration is not None
+        chunk = int(expected + 4 * np.sqrt(expected) * max(config.cv, 1.0)) + 16
+        drawn = gaps(chunk)
+        times = np.cumsum(drawn)
+        while times[-1] < duration:
+            drawn = np.concatenate([drawn, gaps(chunk)])
+            times = np.cumsum(drawn)
+    return _cut_at_duration(times, duration)
+
+
+def _cut_at_duration(times: np.ndarray, duration: float | None) -> np.ndarray:
+    """The arrivals before ``duration`` seconds; refuses to return none."""
+    if duration is None:
+        return times
+    kept = times[:np.searchsorted(times, duration, side="left")]
+    require(len(kept) > 0, f"config: duration {duration:g} s ends before the first arrival "
+                           f"(at {times[0]:.6g} s), no requests left (got duration={duration:g})")
+    return kept
+
+
+def _synthetic_lengths(config: SimConfig, n: int,
+                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, str]:
+    """Prompt and output lengths (tokens) of ``n`` synthetic requests, and a description of them.
+
+    Request ``i`` uses the ``i``-th draw (one row index, or one pair of normals), whatever ``n`` is.
+    """
+    if config.length_dist == "fixed":
+        return (np.full(n, config.prompt_len, dtype=np.int64), np.full(n, config.output_len, dtype=np.int64),
+                f"fixed lengths {config.prompt_len}/{config.output_len}")
+    if config.length_dist == "lognormal":
+        z = rng.standard_normal((n, 2))
+        prompt = np.rint(config.prompt_len * np.exp(config.length_sigma * z[:, 0]))
+        output = np.rint(config.output_len * np.exp(config.length_sigma * z[:, 1]))
+        source = (f"lognormal lengths median {config.prompt_len}/{config.output_len} "
+                  f"sigma={config.length_sigma:g}")
+    else:
+        assert config.length_file is not None  # SimConfig requires it for length_dist=file
+        file_prompt, file_output = read_lengths(config.length_file)
+        rows = rng.integers(0, len(file_prompt), n)
+        prompt, output = file_prompt[rows], file_output[rows]
+        source = f"lengths from {Path(config.length_file).name}"
+    prompt = np.clip(prompt, 1, config.max_prompt_len).astype(np.int64)
+    output = np.clip(output, 1, config.max_output_len).astype(np.int64)
+    return prompt, output, f"{source} max {config.max_prompt_len}/{config.max_output_len}"
+
+
+def _replay(config: SimConfig) -> Workload:
+    """The trace, truncated to ``num_requests``, rescaled in time, then cut at ``duration``."""
+    assert config.trace is not None  # SimConfig requires it for arrival=trace
+    trace = read_trace(config.trace)
+    n = len(trace) if config.num_requests is None else min(config.num_requests, len(trace))
+    times = trace.arrival_time[:n]
+    source = f"trace {Path(config.trace).name}"
+    if config.trace_speedup is not None:
+        times = times / config.trace_speedup
+        source += f" x{config.trace_speedup:g}"
+    elif config.rate is not None:
+        span = times[-1] - times[0]
+        require(span > 0, f"{config.trace}: cannot rescale to a rate: the first {n} arrivals all have "
+                          f"the same arrival time (got rate={config.rate:g})")
+        times = times * ((n - 1) / (config.rate * span))
+        source += f" rate={config.rate:g}"
+    times = _cut_at_duration(times, config.duration)
+    kept = len(times)
+    return Workload(times, trace.prompt_tokens[:kept], trace.output_tokens[:kept], source)
+
+
+# --- reading files -----------------------------------------------------------------------------------
+
+def read_trace(path: str) -> Workload:
+    """A trace file (Azure LLM 2023 or plain, told apart by the header) as a :class:`Workload`.
+
+    Azure times are made relative to the first row; plain times are kept. Bad input: :class:`UserError`.
+    """
+    name, frame = _read_table(path, TRACE_FORMATS)
+    time_column, prompt_column, output_column = TRACE_FORMATS[name]
+    times = _timestamps(path, frame[time_column]) if name == "azure" else _seconds(path, frame[time_column])
+    first_back = np.flatnonzero(np.diff(times) < 0)
+    if len(first_back):
+        i = first_back[0] + 1
+        raw = frame[time_column]
+        raise UserError(f"{path}: line {i + 2}: {time_column} goes backwards, traces must be sorted by time "
+                        f"(got {_show(raw.iloc[i])} after {_show(raw.iloc[i - 1])})")
+    return Workload(times, _token_counts(path, frame[prompt_column]), _token_counts(path, frame[output_column]),
+                    f"trace {Path(path).name}")
+
+
+def read_lengths(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and output lengths (int64 tokens, >= 1), one pair per row of a length file."""
+    name, frame = _read_table(path, LENGTH_FORMATS)
+    prompt_column, output_column = LENGTH_FORMATS[name]
+    return _token_counts(path, frame[prompt_column]), _token_counts(path, frame[output_column])
+
+
+def _read_table(path: str, formats: dict[str, tuple[str, ...]]) -> tuple[str, pd.DataFrame]:
+    """The first format whose columns the header has, and those columns of the file (at least one row)."""
+    require(Path(path).is_file(), f"{path}: file not found")
+    try:
+        header = list(pd.read_csv(path, nrows=0).columns)
+    except pd.errors.EmptyDataError:
+        raise UserError(f"{path}: empty file, no header and no rows") from None
+    except (pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise UserError(f"{path}: not a readable CSV file ({str(error).splitlines()[0]})") from None
+    matching = [name for name, columns in formats.items() if set(columns) <= set(header)]
+    if not matching:
+        closest = max(formats.values(), key=lambda columns: len(set(columns) & set(header)))
+        missing = next(c for c in closest if c not in header)
+        expected = " or ".join(",".join(columns) for columns in formats.values())
+        raise UserError(f"{path}: missing column {missing!r} (got columns {','.join(map(str, header))}; "
+                        f"expected {expected})")
+    name = matching[0]
+    try:
+        frame = pd.read_csv(path, usecols=list(formats[name]))
+    except (pd.errors.ParserError, UnicodeDecodeError) as error:
+        raise UserError(f"{path}: not a readable CSV file ({str(error).splitlines()[0]})") from None
+    require(len(frame) > 0, f"{path}: no rows after the header (got 0 rows)")
+    return name, frame
+
+
+def _refuse_first(path: str, raw: pd.Series, bad: np.ndarray, problem: str) -> None:
+    """Raise naming the first row where ``bad`` holds, unless there is none."""
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise UserError(f"{path}: line {i + 2}: {raw.name} {problem} (got {_show(raw.iloc[i])})")
+
+
+def _show(cell: object) -> str:
+    """A cell as a message shows it: text quoted, numbers bare."""
+    if pd.isna(cell):
+        return "an empty or NaN cell"
+    return repr(cell) if isinstance(cell, str) else str(cell)
+
+
+def _numbers(path: str, raw: pd.Series) -> np.ndarray:
+    """The column as float64; any cell that is not a finite number is an error."""
+    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    _refuse_first(path, raw, ~np.isfinite(values), "must be a finite number")
+    return values
+
+
+def _token_counts(path: str, raw: pd.Series) -> np.ndarray:
+    """The column as int64 token counts, each a whole number >= 1."""
+    values = _numbers(path, raw)
+    _refuse_first(path, raw, values != np.floor(values), "must be a whole number of tokens")
+    _refuse_first(path, raw, values < 1, "must be >= 1 token")
+    return values.astype(np.int64)
+
+
+def _seconds(path: str, raw: pd.Series) -> np.ndarray:
+    """The column as float64 seconds, each finite and >= 0."""
+    values = _numbers(path, raw)
+    _refuse_first(path, raw, values < 0, "must be >= 0 seconds")
+    return values
+
+
+def _timestamps(path: str, raw: pd.Series) -> np.ndarray:
+    """Absolute ISO 8601 timestamps as float64 seconds after the first row (zones, if given, honoured)."""
+    stamps = pd.to_datetime(raw, format="ISO8601", errors="coerce", utc=True)
+    _refuse_first(path, raw, stamps.isna().to_numpy(), "must be a timestamp like 2023-11-16 18:15:46.6805900")
+    return ((stamps - stamps.iloc[0]) / pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
