@@ -14,9 +14,17 @@ the expected emitted tokens (accepted + the bonus/correction token) when positio
 with probability a_m given that it was reached. For a constant rate a this is SmartSpec's
 (1 - a^(k+1)) / (1 - a), which is k + 1 at a = 1 and 1 at a = 0; the sum form has no division.
 
-Acceptance estimates are exponential moving averages a <- (1 - w) a + w a_obs, w = 0.15, started at 0.7
-as in SmartSpec's implementation; a_obs = accepted / proposed over a step (steps that propose nothing
-are skipped). ``acceptance=global`` keeps one rate, ``request`` one per request (a request not yet
+Acceptance estimates are exponential moving averages with weight w = 0.15, started at 0.7 as in
+SmartSpec's implementation (steps that propose nothing are skipped). Two estimators:
+
+- ``estimator=ratio`` is SmartSpec's code: a <- (1 - w) a + w a_obs with a_obs = accepted / proposed
+  over the step. That ratio is *not* the per-token rate the closed form above needs: with proposals
+  truncated at k, E[accepted] / k = (a - a^(k+1)) / (k (1 - a)), e.g. 0.54 for a = 0.8 and k = 5, so the
+  policy under-speculates.
+- ``estimator=tokens`` (default) estimates the per-token rate consistently: the ratio of moving
+  averages of accepted tokens A and of Bernoulli trials A + R (R = requests whose run ended in a
+  rejection), a <- EMA(A) / EMA(A + R), the maximum-likelihood estimate of a truncated geometric. Both
+  averages start from the pseudo-observation (alpha_init, 1). ``acceptance=global`` keeps one rate, ``request`` one per request (a request not yet
 observed uses the global rate; its first update starts from it), ``position`` one per draft position
 (P(accept j | reached j)).
 
@@ -39,6 +47,7 @@ from policies.step_time import StepShape, shape_seconds, step_shape
 
 MODES = ("batch", "request")
 ACCEPTANCE = ("global", "request", "position")
+ESTIMATORS = ("tokens", "ratio")
 
 
 def expected_tokens(accept: np.ndarray) -> np.ndarray:
@@ -68,9 +77,11 @@ class Goodput(Policy):
         """Re-decide every this many steps; reuse the last decision in between."""
         self.mode = reader.choice("mode", "batch", MODES)
         self.acceptance = reader.choice("acceptance", "global", ACCEPTANCE)
+        self.estimator = reader.choice("estimator", "tokens", ESTIMATORS)
         super().__init__(k, **reader.rest())
-        self._alpha = self.alpha_init
-        self._by_request: dict[int, float] = {}
+        self._global = [self.alpha_init, 1.0]
+        """Moving averages (accepted, trials); the estimate is their ratio (see the module docstring)."""
+        self._by_request: dict[int, list[float]] = {}
         self._by_position = np.full(self.k, self.alpha_init)
         self._steps = 0
         self._last_k = 0
@@ -80,7 +91,7 @@ class Goodput(Policy):
     @property
     def acceptance_estimate(self) -> float:
         """Global acceptance-rate estimate (kept in every ``acceptance`` mode)."""
-        return self._alpha
+        return self._global[0] / self._global[1]
 
     @property
     def position_estimates(self) -> tuple[float, ...]:
@@ -89,7 +100,8 @@ class Goodput(Policy):
 
     def acceptance_of(self, request_id: int) -> float:
         """Acceptance rate used for ``request_id`` (its own with ``acceptance=request``, else the global one)."""
-        return self._by_request.get(request_id, self._alpha)
+        pair = self._by_request.get(request_id)
+        return self.acceptance_estimate if pair is None else pair[0] / pair[1]
 
     def expected_tokens_table(self, request_ids: np.ndarray, k_max: int) -> np.ndarray:
         """E[tokens] per request (rows) for k = 0..k_max (columns), under the current estimates."""
@@ -113,22 +125,33 @@ class Goodput(Policy):
     def observe(self, outcome: StepOutcome) -> None:
         proposed = np.asarray(outcome.proposed, dtype=np.int64)
         accepted = np.asarray(outcome.accepted, dtype=np.int64)
-        total = int(proposed.sum())
-        if total == 0:
+        if not proposed.any():
             return
-        w = self.ema_weight
-        prior = self._alpha
-        self._alpha = (1 - w) * prior + w * int(accepted.sum()) / total
+        prior = self.acceptance_estimate
+        self._update(self._global, proposed, accepted)
         if self.acceptance == "request":
             for rid, p, a in zip(outcome.request_ids.tolist(), proposed.tolist(), accepted.tolist()):
                 if p > 0:
-                    self._by_request[rid] = (1 - w) * self._by_request.get(rid, prior) + w * a / p
+                    self._update(self._by_request.setdefault(rid, [prior, 1.0]), np.array([p]), np.array([a]))
         elif self.acceptance == "position":
+            w = self.ema_weight
             for j in range(1, min(int(proposed.max()), self.k) + 1):
                 reached = int(np.count_nonzero((proposed >= j) & (accepted >= j - 1)))
                 hit = int(np.count_nonzero(accepted >= j))
                 if reached:
                     self._by_position[j - 1] = (1 - w) * self._by_position[j - 1] + w * hit / reached
+
+    def _update(self, pair: list[float], proposed: np.ndarray, accepted: np.ndarray) -> None:
+        """One EMA step of an (accepted, trials) pair with this step's outcome (``estimator`` decides the trials)."""
+        w = self.ema_weight
+        hits = float(accepted.sum())
+        if self.estimator == "ratio":  # SmartSpec: a <- (1 - w) a + w * accepted / proposed
+            pair[0] = (1 - w) * pair[0] / pair[1] + w * hits / float(proposed.sum())
+            pair[1] = 1.0
+        else:
+            trials = hits + float(np.count_nonzero(accepted < proposed))
+            pair[0] = (1 - w) * pair[0] + w * hits
+            pair[1] = (1 - w) * pair[1] + w * trials
 
     def finish(self, request_id: int) -> None:
         self._by_request.pop(request_id, None)

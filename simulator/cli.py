@@ -82,9 +82,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(), help=doc)
 
 
-def config_from_args(args: argparse.Namespace) -> SimConfig:
-    """Resolve the config: defaults, then ``--config`` file, then flags."""
-    data: dict[str, Any] = {}
+def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
+    """Resolve the config: field defaults, then ``defaults``, then a ``--config`` file, then flags."""
+    data: dict[str, Any] = dict(defaults)
     if getattr(args, "config", None):
         path = Path(args.config)
         try:
@@ -93,6 +93,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
             raise UserError(f"--config {args.config}: cannot read a JSON config ({exc})") from None
         if not isinstance(data, dict):
             raise UserError(f"--config {args.config}: not a JSON object")
+        data = {**defaults, **data}
     for f in fields(SimConfig):
         value = getattr(args, f.name, None)
         if value is None:
@@ -149,6 +150,133 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _floats(flag: str, text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise UserError(f"{flag}: no values given")
+    return values
+
+
+def _progress(quiet: bool) -> Callable[[int, int], None] | None:
+    if quiet or not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        print(f"\r{done}/{total} runs", end="\n" if done == total else "", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _sweep_and_plot(args: argparse.Namespace, base: SimConfig, policies: list[str], rates: list[float],
+                    seeds: list[int], grid: dict[str, list[Any]]):
+    """Run the sweep grid into ``args.out`` and draw its figures; return (summary, figure paths)."""
+    from simulator import plots
+    from simulator.runner import run_simulation
+    from simulator.sweep import LocalExecutor, build_cells, parse_policy_spec, run_sweep
+
+    for rate in rates:
+        if rate <= 0:
+            raise UserError(f"--rates: every rate must be > 0, got {rate:g}")
+    cells = build_cells(base, rates, policies, seeds, grid)
+    summary = run_sweep(cells, args.out, LocalExecutor(args.workers), _progress(args.quiet))
+    out = Path(args.out)
+    figures = [plots.plot_latency_vs_rate(summary, out / "latency_vs_rate.png")]
+    if "no-spec" in set(summary["policy"]):
+        figures.append(plots.plot_speedup(summary, out / "speedup.png"))
+    adaptive = [p for p in policies if parse_policy_spec(p)[0] not in plots.STATIC]
+    if adaptive:
+        rate = rates[len(rates) // 2]
+        name, k, params = parse_policy_spec(adaptive[0])
+        config = base.replace(rate=rate, policy=name, seed=seeds[0], save_steps=True,
+                              k=base.k if k is None else k, policy_params=base.policy_params + params)
+        steps = run_simulation(config).steps
+        from simulator.results import write_csv
+
+        write_csv(out / "steps_adaptive.csv", steps.assign(policy=adaptive[0], rate=rate))
+        figures.append(plots.plot_k_over_time(steps, out / "k_over_time.png", f"{adaptive[0]} at {rate:g} req/s"))
+    return summary, figures
+
+
+def print_table(summary: "pd.DataFrame", column: str = "mean_latency") -> None:
+    """Rates down, policies across: ``column`` averaged over seeds."""
+    table = summary.groupby(["rate", "policy"], sort=False)[column].mean().unstack("policy")
+    print(f"{column} (s), seeds averaged; rows: request rate (req/s)")
+    print(table.to_string(float_format=lambda v: f"{v:9.3f}"))
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from simulator.sweep import parse_grid
+
+    rates = _floats("--rates", args.rates)
+    base = config_from_args(args, rate=rates[0])
+    seeds = [int(x) for x in _floats("--seeds", args.seeds)]
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    summary, figures = _sweep_and_plot(args, base, policies, rates, seeds, parse_grid(args.grid or []))
+    print_table(summary)
+    print(f"summary: {Path(args.out) / 'summary.csv'}")
+    for f in figures:
+        print(f"figure: {f}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from simulator import plots
+
+    out = Path(args.dir)
+    path = out / "summary.csv"
+    if not path.is_file():
+        raise UserError(f"plot: {path} not found (run a sweep into {out} first)")
+    summary = pd.read_csv(path)
+    figures = [plots.plot_latency_vs_rate(summary, out / "latency_vs_rate.png")]
+    if "no-spec" in set(summary["policy"]):
+        figures.append(plots.plot_speedup(summary, out / "speedup.png"))
+    steps_path = out / "steps_adaptive.csv"
+    if steps_path.is_file():
+        steps = pd.read_csv(steps_path)
+        label = f"{steps['policy'].iloc[0]} at {steps['rate'].iloc[0]:g} req/s"
+        figures.append(plots.plot_k_over_time(steps, out / "k_over_time.png", label))
+    for f in figures:
+        print(f"figure: {f}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from simulator import tune
+    from simulator.results import write_csv
+
+    slo = tune.parse_slo(args.slo)
+    if not args.policy:
+        raise UserError("tune: --policy is required (e.g. --policy goodput)")
+    rates = _floats("--rates", args.rates)
+    base = config_from_args(args, rate=rates[0])
+    specs = tune.candidate_specs(args.policy, tune.parse_space(args.param, args.policy))
+    seeds = [int(x) for x in _floats("--seeds", args.seeds)]
+    summary, _ = _sweep_and_plot(args, base, specs, rates, seeds, {})
+    table = tune.analyse(summary, slo)
+    write_csv(Path(args.out) / "tune.csv", table)
+    figure = tune.plot_tradeoff(table, slo, Path(args.out) / "tradeoff.png")
+    print(f"SLO {slo}: {len(specs)} settings x {len(rates)} rates x {len(seeds)} seeds")
+    print(table.head(10).to_string(index=False))
+    best = table.iloc[0]
+    if best["sustainable_rate"] <= 0:
+        print(f"no setting meets the SLO even at {min(rates):g} req/s")
+    else:
+        print(f"best: {best['policy']} meets {slo} up to {best['sustainable_rate']:g} req/s")
+    print(f"table: {Path(args.out) / 'tune.csv'}\nfigure: {figure}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from simulator.demo import run_demo
+
+    return run_demo(args.out, args.workers, args.quiet)
+
+
 def cmd_profile(argv: list[str]) -> int:
     try:
         from profiles.cli import main as profile_main
@@ -163,6 +291,14 @@ def cmd_bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def _add_run_flags(parser: argparse.ArgumentParser, out_default: str | None = None) -> None:
+    from simulator.sweep import default_workers
+
+    parser.add_argument("--out", required=out_default is None, default=out_default, help="output folder")
+    parser.add_argument("--workers", type=int, default=default_workers(), help="worker processes")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="run_sim.py", description="specsim: simulate LLM serving with speculative decoding")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -170,6 +306,34 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(sim)
     sim.add_argument("--out", required=True, help="output folder")
     sim.set_defaults(func=cmd_simulate)
+
+    sweep = sub.add_parser("sweep", help="latency versus rate for several policies, in parallel")
+    add_config_flags(sweep)
+    sweep.add_argument("--rates", required=True, help="request rates, comma-separated (req/s)")
+    sweep.add_argument("--policies", default="no-spec,fixed-k:1,fixed-k:3,fixed-k:5,goodput",
+                       help="policy specs NAME[:K][/PARAM=VALUE...], comma-separated")
+    sweep.add_argument("--seeds", default="0", help="seeds, comma-separated")
+    sweep.add_argument("--grid", action="append", metavar="FIELD=V1,V2", help="another sweep axis; repeatable")
+    _add_run_flags(sweep)
+    sweep.set_defaults(func=cmd_sweep)
+
+    plot = sub.add_parser("plot", help="redraw a sweep's figures from its summary.csv")
+    plot.add_argument("dir", help="the sweep's output folder")
+    plot.set_defaults(func=cmd_plot)
+
+    tune = sub.add_parser("tune", help="search a policy's parameters for an SLO over a load range")
+    add_config_flags(tune)
+    tune.add_argument("--slo", required=True, help='e.g. "p99_latency<=20" (seconds)')
+    tune.add_argument("--rates", required=True, help="request rates, comma-separated (req/s)")
+    tune.add_argument("--seeds", default="0", help="seeds, comma-separated")
+    tune.add_argument("--param", action="append", metavar="NAME=V1,V2",
+                      help="a parameter's candidate values (k is the bound K_max); repeatable")
+    _add_run_flags(tune)
+    tune.set_defaults(func=cmd_tune)
+
+    demo = sub.add_parser("demo", help="the default demo (what no arguments runs)")
+    _add_run_flags(demo, out_default="results/demo")
+    demo.set_defaults(func=cmd_demo)
     return parser
 
 

@@ -15,9 +15,10 @@ sum_i (k_i + 1) tokens) + overhead, with prefill from the same model (DESIGN.md)
   * ``interp``: piecewise-multilinear interpolation over the measured grid in the natural axes
     (batch_size, query_len, context_len per sequence; batch_size, prompt_len for prefill). Grid nodes
     that were not measured (an irregular grid: points that did not fit in memory) are filled once at
-    fit time by scipy's LinearNDInterpolator on log2 axes, or by the linear fit outside the measured
-    points' hull. Outside the grid, the value at the clamped point plus the linear model's change
-    from the clamped point to the query (continuous at the boundary).
+    fit time by scipy's LinearNDInterpolator of log seconds on log2 axes (costs grow like powers of
+    the axes), or by the linear fit outside the measured points' hull. Outside the grid, the value at
+    the clamped point plus the linear model's change from the clamped point to the query (continuous
+    at the boundary).
 
   Queries in totals are averaged per sequence: q = query_tokens / b, c = context_tokens / b,
   P = prompt_tokens / b. A query more than 2x beyond the grid's largest batch size, context or prompt
@@ -363,8 +364,8 @@ def _fit_linear(kind: str, x: list[np.ndarray], seconds: np.ndarray) -> tuple[fl
 
 def _fill_table(kind: str, rows: pd.DataFrame, nodes: tuple[tuple[float, ...], ...],
                 coef: tuple[float, ...]) -> list[float]:
-    """Seconds at every grid node (C order): measured (median of repeats), else LinearNDInterpolator
-    on log2(1 + axis) inside the measured points' hull, else the linear fit."""
+    """Seconds at every grid node (C order): measured (median of repeats), else interpolated in
+    log(seconds) over log2(1 + axis) inside the measured points' hull, else the linear fit."""
     measured = rows.groupby(list(PROFILE_COLUMNS[kind]), as_index=False)["seconds"].median()
     x = _natural(kind, measured)
     shape = tuple(len(n) for n in nodes)
@@ -375,8 +376,8 @@ def _fill_table(kind: str, rows: pd.DataFrame, nodes: tuple[tuple[float, ...], .
         mesh = np.stack(np.meshgrid(*nodes, indexing="ij"), axis=-1)
         active = [axis for axis, n in enumerate(nodes) if len(n) > 1]
         try:
-            interpolator = LinearNDInterpolator(np.log2(1.0 + mesh[~missing][:, active]), values[~missing])
-            values[missing] = interpolator(np.log2(1.0 + mesh[missing][:, active]))
+            interpolator = LinearNDInterpolator(np.log2(1.0 + mesh[~missing][:, active]), np.log(values[~missing]))
+            values[missing] = np.exp(interpolator(np.log2(1.0 + mesh[missing][:, active])))
         except (QhullError, ValueError):
             pass  # too few or degenerate measured points: the linear fit fills every hole
         holes = np.isnan(values)
@@ -456,9 +457,10 @@ def load_cost_model(path: str | os.PathLike, fitter: str = "linear") -> CostMode
     p = Path(path)
     if not p.is_file():
         raise UserError(f"{path}: no such cost model file (a .json coefficient file or a .csv profile)")
-    if p.suffix == ".json":
+    suffix = p.suffix.lower()
+    if suffix == ".json":
         return model_from_dict(read_json(p), str(path))
-    if p.suffix != ".csv":
+    if suffix != ".csv":
         raise UserError(f"{path}: a cost model is a .json coefficient file or a .csv profile (got {p.suffix!r})")
     meta = meta_path(p)
     entry = _cache_dir() / f"{_cache_key(p.read_bytes(), meta.read_bytes() if meta.is_file() else b'', fitter)}.json"
@@ -469,15 +471,18 @@ def load_cost_model(path: str | os.PathLike, fitter: str = "linear") -> CostMode
     except (OSError, ValueError, TypeError, UserError):
         pass
     table = read_profile(p)
-    report = fit_report(table, fitter)
-    fit_error = [{key: (None if isinstance(value, float) and math.isnan(value) else value) for key, value in row.items()}
-                 for row in report.to_dict("records")]
-    model = fit_cost_model(table, fitter, fit_error=fit_error)
+    model = fit_cost_model(table, fitter, fit_error=_records(fit_report(table, fitter)))
     try:
         model.save(entry)
     except OSError:
         pass  # a read-only cache only costs time
     return model
+
+
+def _records(report: pd.DataFrame) -> list[dict]:
+    """A :func:`fit_report` as JSON-ready records (NaN -> None)."""
+    return [{key: None if isinstance(value, float) and math.isnan(value) else value for key, value in row.items()}
+            for row in report.to_dict("records")]
 
 
 def _cache_dir() -> Path:

@@ -20,7 +20,7 @@ def num_gpu_blocks(config: SimConfig, cost_model: CostModel, speculative: bool) 
         return config.num_gpu_blocks
     mem = cost_model.memory
     if mem is None:
-        raise UserError(f"--profile {cost_model.source}: has no memory figures to derive the KV cache from; "
+        raise UserError(f"--profile {cost_model.path}: has no memory figures to derive the KV cache from; "
                         "give --num-gpu-blocks")
     device_gb = config.gpu_memory_gb if config.gpu_memory_gb is not None else mem.device_memory_gb
     with_draft = speculative and config.proposer == "draft"

@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.errors import UserError
+from simulator.results import atomic_write
 
 ROLES = ("target", "draft")
 PHASES = ("prefill", "decode", "overhead")
@@ -57,7 +57,7 @@ class Memory:
         """Validate a JSON ``memory`` object; errors name ``where`` (e.g. ``"x.meta.json: memory"``)."""
         if not isinstance(data, dict):
             raise UserError(f"{where} must be a JSON object (got {data!r})")
-        names = [f.name for f in cls.__dataclass_fields__.values()]
+        names = [f.name for f in fields(cls)]
         for key in data:
             if key not in names:
                 raise UserError(f"{where}: unknown key {key!r}; known: {', '.join(names)}")
@@ -173,23 +173,9 @@ def read_json(path: str | os.PathLike) -> Any:
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically: a temporary file in the same folder, fsync, ``os.replace``.
-
-    Readers see the old file or the new one, never a partial write. Missing parent folders are created.
-    """
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write ``text`` to ``path`` atomically (:func:`simulator.results.atomic_write`): readers see the
+    old file or the new one, never a partial write."""
+    atomic_write(path, lambda f: f.write(text))
 
 
 def _check_meta(meta: Any, where: str) -> None:

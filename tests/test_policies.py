@@ -179,7 +179,7 @@ def test_expected_tokens_limits_and_per_position_form():
 
 
 def test_acceptance_ema_follows_smartspec_update():
-    policy = make_policy("goodput", 4)
+    policy = make_policy("goodput", 4, {"estimator": "ratio"})
     assert policy.acceptance_estimate == 0.7
     policy.observe(outcome([1, 2], proposed=[4, 4], accepted=[1, 3]))  # 4 of 8 accepted
     assert policy.acceptance_estimate == pytest.approx(0.85 * 0.7 + 0.15 * 0.5)
@@ -188,8 +188,30 @@ def test_acceptance_ema_follows_smartspec_update():
     assert policy.acceptance_estimate == before
 
 
+def test_token_estimator_is_a_ratio_of_moving_averages():
+    policy = make_policy("goodput", 4)
+    # 4 accepted tokens; request 1 ended in a rejection, request 2 accepted all: 4 hits in 5 trials
+    policy.observe(outcome([1, 2], proposed=[4, 2], accepted=[2, 2]))
+    assert policy.acceptance_estimate == pytest.approx((0.85 * 0.7 + 0.15 * 4) / (0.85 * 1 + 0.15 * 5))
+
+
+@pytest.mark.parametrize("k", [3, 5])
+def test_token_estimator_is_consistent_where_smartspecs_ratio_is_biased(k):
+    from simulator.acceptance import ConstantAcceptance
+
+    draws = ConstantAcceptance(0.8, np.random.default_rng(0))
+    tokens, ratio = make_policy("goodput", k, {"ema_weight": 0.01}), make_policy("goodput", k, {
+        "estimator": "ratio", "ema_weight": 0.01})
+    for _ in range(4000):  # batch size 1, k proposed every step
+        accepted = draws.draw(np.array([0]), np.array([k]))
+        for policy in (tokens, ratio):
+            policy.observe(outcome([0], proposed=[k], accepted=accepted.tolist()))
+    assert tokens.acceptance_estimate == pytest.approx(0.8, abs=0.04)
+    assert ratio.acceptance_estimate == pytest.approx((0.8 - 0.8 ** (k + 1)) / (k * 0.2), abs=0.04)
+
+
 def test_request_acceptance_falls_back_to_global_until_observed_and_is_dropped_on_finish():
-    policy = make_policy("goodput", 4, {"acceptance": "request", "ema_weight": "0.5"})
+    policy = make_policy("goodput", 4, {"acceptance": "request", "ema_weight": "0.5", "estimator": "ratio"})
     policy.observe(outcome([1, 2], proposed=[4, 0], accepted=[4, 0]))
     assert policy.acceptance_of(1) == pytest.approx(0.5 * 0.7 + 0.5 * 1.0)  # started from the global 0.7
     assert policy.acceptance_of(2) == policy.acceptance_estimate == pytest.approx(0.85)
@@ -259,7 +281,7 @@ def test_goodput_respects_the_step_bound():
 def test_request_mode_gives_longer_proposals_to_better_accepted_requests():
     policy = make_policy("goodput", 8, {"mode": "request", "acceptance": "request"})
     for _ in range(40):
-        policy.observe(outcome([0, 1, 2, 3], proposed=[10] * 4, accepted=[9, 9, 3, 3]))
+        policy.observe(outcome([0, 1, 2, 3], proposed=[10] * 4, accepted=[9, 9, 1, 1]))
     ks = policy.propose(view(4))
     assert ks[0] == ks[1] > ks[2] == ks[3]
 

@@ -25,6 +25,7 @@ def shared_trace(path: Path) -> str:
 
 
 def build(seed: int = 0, **fields) -> Workload:
+    fields = {"rate": 4.0, "num_requests": 1000, **fields}
     return build_workload(SimConfig(**fields), np.random.default_rng(seed), np.random.default_rng(seed + 1))
 
 
