@@ -162,7 +162,7 @@ class ServingEngine:
         seconds = self._prefill_seconds(chunks) + self.cost.overhead_time(len(chunks))
         start = self.env.now
         yield self.env.timeout(seconds)
-        self.rec.step(start, seconds, "prefill", len(chunks), sum(c for _, c in chunks), 0, 0, 0, 0,
+        self.rec.step(start, seconds, "prefill", len(chunks), sum(c for _, c in chunks),
                       self.spec.num_gpu_blocks - self.free_blocks, len(self.waiting))
         self._finish_prefills(chunks)
 
@@ -188,7 +188,7 @@ class ServingEngine:
         if self.rid.size:
             self._apply_decode(start, seconds, kind, proposed, sum(c for _, c in chunks))
         else:
-            self.rec.step(start, seconds, kind, len(chunks), sum(c for _, c in chunks), 0, 0, 0, 0,
+            self.rec.step(start, seconds, kind, len(chunks), sum(c for _, c in chunks),
                           s.num_gpu_blocks - self.free_blocks, len(self.waiting))
         self._finish_prefills(chunks)
 
@@ -333,14 +333,13 @@ class ServingEngine:
             accepted = self.acceptance.draw(rid, proposed)
             self.rec.decode(rid, proposed, accepted)
         else:
-            accepted = np.zeros_like(proposed)
+            accepted = proposed  # all zeros
         emitted = np.minimum(accepted + 1, self.left)
         self.ctx = self.ctx + emitted
         self.left = self.left - emitted
         self.generated[rid] += emitted
-        self.rec.step(start, seconds, kind, rid.size, prefill_tokens, int(proposed.max()) if proposed.size else 0,
-                      int(proposed.sum()), int(accepted.sum()), int(emitted.sum()),
-                      self.spec.num_gpu_blocks - self.free_blocks, len(self.waiting))
+        self.rec.step(start, seconds, kind, rid.size, prefill_tokens, self.spec.num_gpu_blocks - self.free_blocks,
+                      len(self.waiting), proposed, accepted, emitted)
         self.policy.observe(StepOutcome(now, rid, proposed, accepted, seconds))
         done = self.left == 0
         if done.any():

@@ -62,12 +62,18 @@ class Recorder:
         self.accepted[rid] += accepted
         self.spec_steps[rid] += proposed > 0
 
-    def step(self, start: float, seconds: float, kind: str, batch_size: int, prefill_tokens: int, k_max: int,
-             proposed: int, accepted: int, emitted: int, kv_blocks_used: int, num_waiting: int) -> None:
+    def step(self, start: float, seconds: float, kind: str, batch_size: int, prefill_tokens: int,
+             kv_blocks_used: int, num_waiting: int, proposed: np.ndarray | None = None,
+             accepted: np.ndarray | None = None, emitted: np.ndarray | None = None) -> None:
+        """One engine step; the decode arrays (per request of the batch) are reduced only when steps are kept."""
         self.num_steps += 1
-        if self.steps is not None:
-            self.steps.append((start, seconds, kind, batch_size, prefill_tokens, k_max, proposed, accepted,
-                               emitted, kv_blocks_used, num_waiting))
+        if self.steps is None:
+            return
+        if proposed is None:
+            row = (0, 0, 0, 0)
+        else:
+            row = (int(proposed.max()), int(proposed.sum()), int(accepted.sum()), int(emitted.sum()))
+        self.steps.append((start, seconds, kind, batch_size, prefill_tokens, *row, kv_blocks_used, num_waiting))
 
     # -- frames ---------------------------------------------------------------------------------
     def requests_frame(self) -> pd.DataFrame:
