@@ -44,9 +44,6 @@ from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy.interpolate import LinearNDInterpolator
-from scipy.optimize import nnls
-from scipy.spatial import QhullError
 
 from simulator import profile_table
 from simulator.config import FITTERS
@@ -356,6 +353,8 @@ def _fit_linear(kind: str, x: list[np.ndarray], seconds: np.ndarray) -> tuple[fl
         trial = keep + [int(j)]
         if np.linalg.matrix_rank(features[:, trial] / norms[trial]) == len(trial):
             keep = trial
+    from scipy.optimize import nnls  # imported when fitting only: a cached or JSON model starts faster
+
     solution, _ = nnls(features[:, keep], np.ones(seconds.size))
     coef = np.zeros(features.shape[1])
     coef[keep] = solution
@@ -373,6 +372,9 @@ def _fill_table(kind: str, rows: pd.DataFrame, nodes: tuple[tuple[float, ...], .
     values[tuple(np.searchsorted(n, a) for n, a in zip(nodes, x))] = measured["seconds"].to_numpy(float)
     missing = np.isnan(values)
     if missing.any():
+        from scipy.interpolate import LinearNDInterpolator
+        from scipy.spatial import QhullError
+
         mesh = np.stack(np.meshgrid(*nodes, indexing="ij"), axis=-1)
         active = [axis for axis, n in enumerate(nodes) if len(n) > 1]
         try:

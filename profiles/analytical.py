@@ -1,0 +1,374 @@
+"""Analytical (roofline) profiles: forward-pass seconds computed from an architecture and a GPU datasheet.
+
+A profile made here stands in for a measured one on hardware we cannot run on (A100, H100) and is a
+cross-check where we can (H200). For one pass of ``batch_size`` sequences, each adding ``query_len``
+tokens over ``context_len`` cached ones, the seconds are a roofline (Williams, Waterman and Patterson,
+"Roofline", CACM 2009) per operator class, summed over the classes, plus the tensor-parallel
+communication and a fixed overhead::
+
+    t = sum_op max(FLOPs_op / (peak x eff_compute), bytes_op / (bw x eff_bw)) + t_comm + t_fixed
+
+with the operator classes
+
+- ``linear`` (per layer): the q/k/v/o and gate/up/down projections. FLOPs = 2 x tokens x params;
+  bytes = the layer's weights, read once per pass, plus the activations each unfused HF-style kernel
+  reads and writes (:meth:`Architecture.activation_elements`).
+- ``attention`` (per layer): FLOPs = 4 x heads x head_dim x query_len x (context_len + (query_len + 1) / 2)
+  per sequence (QK^T and PV, causal over the new tokens); bytes = the K and V of all context and new
+  tokens read once, and the new ones written.
+- ``lm_head`` (once): logits for every new token of a decode/verify pass, for the last prompt token
+  of a prefill (as vLLM does); the input embedding gather is folded in.
+
+A model too large for one GPU (Llama-3.1-70B in bf16 does not fit 80 GB) runs with tensor parallelism
+of degree ``tp`` (Megatron-LM, Shoeybi et al. 2019, sec. 3): FLOPs, weights and KV heads split ``tp``
+ways and each layer adds two all-reduces of the layer's activations (tokens x hidden x dtype bytes),
+ring all-reduce time ``latency + 2 (tp - 1) / tp x bytes / (link_bw x eff_link)`` (Patarasuk and Yuan
+2009), plus an all-gather of the vocabulary-parallel logits. The draft model runs unsharded on the
+first device (vLLM's ``speculative_draft_tensor_parallel_size = 1``), which makes that device the one
+whose memory runs out first.
+
+The roofline models an engine that appends to the KV cache in place (vLLM's paged cache); the HF
+``DynamicCache`` the measured profiles use copies the whole cache on each pass, so measured seconds
+exceed these at large batch x context. ``python -m profiles.analytical --out profiles/data`` regenerates
+the shipped profiles.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from simulator.errors import UserError
+
+if TYPE_CHECKING:  # profiles.profiler imports this module
+    from profiles.profiler import Grid
+
+MODELS_DIR = Path(__file__).resolve().parent / "models"
+DATA_DIR = Path(__file__).resolve().parent / "data"
+GIB = 1024 ** 3
+
+#: Architectures whose structure (RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP, full
+#: attention in every layer) the roofline, the memory estimate and the KV-cache builder know.
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+# -- architectures -------------------------------------------------------------------------------
+def resolve_model_config(spec: str, where: str) -> Path:
+    """The config file ``spec`` names: an existing path, or ``profiles/models/<spec>.json``."""
+    path = Path(spec)
+    if path.is_file():
+        return path
+    shipped = MODELS_DIR / f"{spec}.json"
+    if shipped.is_file():
+        return shipped
+    known = ", ".join(sorted(p.stem for p in MODELS_DIR.glob("*.json")))
+    raise UserError(f"{where}: no model config file or shipped model named {spec!r} (shipped: {known})")
+
+
+def read_model_config(spec: str, where: str) -> tuple[Path, dict[str, Any]]:
+    """Resolve and parse an HF ``config.json``-style file; anything else is a one-line UserError."""
+    path = resolve_model_config(spec, where)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UserError(f"{path}: not a JSON model config ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise UserError(f"{path}: not a model config: model_type missing")
+    if data["model_type"] not in SUPPORTED_MODEL_TYPES:
+        raise UserError(f"{path}: model_type is an unknown architecture (got {data['model_type']!r}); "
+                        f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    return path, data
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The sizes of a decoder-only transformer that costs and memory depend on (counts, not bytes)."""
+
+    name: str
+    num_layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool
+    qkv_bias: bool
+
+    @classmethod
+    def from_config(cls, spec: str, where: str = "model") -> "Architecture":
+        """From a shipped model name or a config file path (``where`` names the flag in errors)."""
+        path, data = read_model_config(spec, where)
+        return cls.from_dict(data, path.stem, str(path))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], name: str, where: str) -> "Architecture":
+        """From a parsed ``config.json`` of a supported ``model_type`` (HF defaults where a key is absent)."""
+
+        def size(key: str, default: int | None = None) -> int:
+            value = default if data.get(key) is None else data[key]
+            if value is None:
+                raise UserError(f"{where}: {key} missing")
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise UserError(f"{where}: {key} must be a positive integer (got {value!r})")
+            return value
+
+        hidden, heads = size("hidden_size"), size("num_attention_heads")
+        head_dim = data.get("head_dim") or hidden // heads
+        return cls(name=name, num_layers=size("num_hidden_layers"), hidden=hidden, heads=heads,
+                   kv_heads=size("num_key_value_heads", heads), head_dim=size("head_dim", head_dim),
+                   intermediate=size("intermediate_size"), vocab=size("vocab_size"),
+                   tied_embeddings=bool(data.get("tie_word_embeddings", False)),
+                   qkv_bias=data["model_type"] == "qwen2" or bool(data.get("attention_bias", False)))
+
+    def with_layers(self, num_layers: int) -> "Architecture":
+        """The same model cut (or grown) to ``num_layers`` decoder layers."""
+        return replace(self, num_layers=num_layers)
+
+    @property
+    def layer_linear_params(self) -> int:
+        """Weights of one layer's projections: q, k, v, o (attention) and gate, up, down (SwiGLU MLP)."""
+        q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        bias = q_out + 2 * kv_out if self.qkv_bias else 0
+        return self.hidden * (q_out + 2 * kv_out) + q_out * self.hidden + 3 * self.hidden * self.intermediate + bias
+
+    @property
+    def params(self) -> int:
+        """All parameters: layers (projections and two RMSNorms each), final norm, embedding, LM head."""
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.num_layers * (self.layer_linear_params + 2 * self.hidden) + self.hidden + embeddings
+
+    def weight_bytes(self, dtype_bytes: int) -> int:
+        return self.params * dtype_bytes
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        """KV cache bytes of one token: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
+        return 2 * self.num_layers * self.kv_heads * self.head_dim * dtype_bytes
+
+    def activation_elements(self, tp: int = 1) -> float:
+        """Elements one token's activations move through one layer's unfused kernels (reads + writes):
+        the two RMSNorms and residual adds and the projections' inputs and outputs (15 x hidden), the
+        attention-width tensors q, k, v, rotary and attention output ((5 heads + 4 kv_heads) x head_dim)
+        and the MLP's gate/up outputs, SiLU-and-multiply and down input (6 x intermediate); the
+        attention- and MLP-width ones split over ``tp`` devices."""
+        sharded = 6 * self.intermediate + (5 * self.heads + 4 * self.kv_heads) * self.head_dim
+        return 15 * self.hidden + sharded / tp
+
+
+# -- hardware ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class GPU:
+    """Datasheet figures: dense bf16 tensor FLOP/s, HBM bytes/s, memory GiB, NVLink bytes/s per direction."""
+
+    name: str
+    peak_flops: float
+    hbm_bandwidth: float
+    memory_gib: float
+    link_bandwidth: float
+    source: str
+
+
+GPUS: dict[str, GPU] = {
+    "a100-80gb": GPU("NVIDIA A100-SXM4-80GB", 312e12, 2.039e12, 80.0, 300e9,
+                     "NVIDIA A100 Tensor Core GPU datasheet (2021): bf16 312 TFLOPS dense, HBM2e 2,039 GB/s, "
+                     "80 GB (81920 MiB); NVLink3 600 GB/s total = 300 GB/s per direction"),
+    "h100-80gb": GPU("NVIDIA H100 80GB HBM3 (SXM5)", 989e12, 3.35e12, 81559 / 1024, 450e9,
+                     "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM5: bf16 989 TFLOPS dense (1,979 with "
+                     "sparsity), HBM3 3.35 TB/s, 80 GB (81559 MiB usable); NVLink4 900 GB/s = 450 per direction"),
+    "h200": GPU("NVIDIA H200 (SXM)", 989e12, 4.8e12, 143771 / 1024, 450e9,
+                "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM: bf16 989 TFLOPS dense (1,979 with "
+                "sparsity), HBM3e 4.8 TB/s, 141 GB (143771 MiB usable); NVLink4 900 GB/s = 450 per direction"),
+}
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of the datasheet peaks that real kernels reach (``compute``, ``bandwidth``, ``link``: NCCL
+    all-reduce bus bandwidth over NVLink), the latency of one small collective, and the fixed seconds of a
+    pass (``fixed_s`` + ``per_layer_s`` x layers: graph launch, sampling, input preparation and kernel gaps
+    of an engine replaying CUDA graphs). Sources: :data:`EFFICIENCY_SOURCE`.
+    """
+
+    compute: float = 0.80
+    bandwidth: float = 0.90
+    link: float = 0.75
+    collective_latency_s: float = 10e-6
+    fixed_s: float = 3e-4
+    per_layer_s: float = 1e-5
+
+
+#: Where the :class:`Efficiency` defaults come from (recorded in each profile's metadata).
+EFFICIENCY_SOURCE = (
+    "compute 0.80 and bandwidth 0.90: measured on an H200 of this workplace (bf16 8192^3 matmul ~788 TFLOP/s "
+    "of 989; device copy ~4.3 TB/s of 4.8), assumed alike on A100/H100; link 0.75 and 10 us per collective: "
+    "NCCL ring all-reduce on NVLink (nccl-tests); fixed_s and per_layer_s: assumed step overhead of a "
+    "CUDA-graph engine (vLLM), not measured")
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """Seconds of one pass split into its terms (they add up to :attr:`seconds`)."""
+
+    linear_s: float
+    attention_s: float
+    lm_head_s: float
+    comm_s: float
+    fixed_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.linear_s + self.attention_s + self.lm_head_s + self.comm_s + self.fixed_s
+
+
+def _roofline(flops: float, bytes_moved: float, gpu: GPU, eff: Efficiency) -> float:
+    return max(flops / (gpu.peak_flops * eff.compute), bytes_moved / (gpu.hbm_bandwidth * eff.bandwidth))
+
+
+def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_len: int, context_len: int,
+              dtype_bytes: int = 2, tp: int = 1, eff: Efficiency = Efficiency()) -> PassCost:
+    """The roofline seconds of one ``prefill`` or ``decode`` pass (see the module docstring)."""
+    tokens = batch_size * query_len
+    kv_width = 2 * arch.kv_heads * arch.head_dim / tp  # K and V elements per token and layer on one device
+    linear = _roofline(2 * tokens * arch.layer_linear_params / tp,
+                       (arch.layer_linear_params / tp + tokens * arch.activation_elements(tp)) * dtype_bytes,
+                       gpu, eff)
+    mean_keys = context_len + (query_len + 1) / 2
+    attention = _roofline(4 * tokens * mean_keys * arch.heads * arch.head_dim / tp,
+                          batch_size * (context_len + 2 * query_len) * kv_width * dtype_bytes, gpu, eff)
+    logit_rows = batch_size if phase == "prefill" else tokens
+    head_bytes = (arch.vocab * arch.hidden / tp + logit_rows * arch.vocab / tp + 2 * tokens * arch.hidden) * dtype_bytes
+    lm_head = _roofline(2 * logit_rows * arch.hidden * arch.vocab / tp, head_bytes, gpu, eff)
+    comm = 0.0
+    if tp > 1:
+        link = gpu.link_bandwidth * eff.link
+        all_reduce = eff.collective_latency_s + 2 * (tp - 1) / tp * tokens * arch.hidden * dtype_bytes / link
+        gather = eff.collective_latency_s + (tp - 1) / tp * logit_rows * arch.vocab * dtype_bytes / link
+        comm = 2 * arch.num_layers * all_reduce + gather
+    return PassCost(linear_s=arch.num_layers * linear, attention_s=arch.num_layers * attention, lm_head_s=lm_head,
+                    comm_s=comm, fixed_s=eff.fixed_s + eff.per_layer_s * arch.num_layers)
+
+
+# -- shipped profiles ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Deployment:
+    """A target/draft pair on ``tp`` GPUs of one kind (the target sharded ``tp`` ways, the draft whole on
+    the first GPU)."""
+
+    gpu_key: str
+    target: str
+    draft: str
+    tp: int
+
+    @property
+    def stem(self) -> str:
+        """File stem: ``<gpu>[x<tp>]-analytical__<target>__<draft>`` (measured profiles have no ``-analytical``)."""
+        gpus = f"{self.gpu_key}x{self.tp}" if self.tp > 1 else self.gpu_key
+        return f"{gpus}-analytical__{self.target}__{self.draft}"
+
+
+#: The shipped analytical profiles: a 7B pair on one GPU, a 70B pair on the fewest GPUs it fits
+#: (140 GB of bf16 weights: 4 x 80 GB, or 2 x 141 GB).
+DEPLOYMENTS = tuple(
+    Deployment(gpu, target, draft, tp)
+    for gpu, tp70 in (("a100-80gb", 4), ("h100-80gb", 4), ("h200", 2))
+    for target, draft, tp in (("llama-2-7b", "llama-68m", 1), ("llama-3.1-70b", "llama-3.2-1b", tp70))
+)
+
+#: Share of device memory usable (vLLM's gpu_memory_utilization default) and the activation reserve
+#: (GiB) when deciding whether a point's KV cache fits.
+MEMORY_UTILIZATION = 0.9
+ACTIVATION_RESERVE_GIB = 2.0
+
+
+def kv_fits(target: Architecture, draft: Architecture, gpu: GPU, tp: int, tokens: int, dtype_bytes: int = 2) -> bool:
+    """Whether ``tokens`` tokens of target and draft KV cache fit the first device next to the weights
+    (target weights and KV split ``tp`` ways, the draft's whole there)."""
+    weights = target.weight_bytes(dtype_bytes) / tp + draft.weight_bytes(dtype_bytes)
+    kv = tokens * (target.kv_bytes_per_token(dtype_bytes) / tp + draft.kv_bytes_per_token(dtype_bytes))
+    return weights + kv + ACTIVATION_RESERVE_GIB * GIB <= MEMORY_UTILIZATION * gpu.memory_gib * GIB
+
+
+def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
+                       eff: Efficiency = Efficiency()) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Rows and metadata of one analytical profile over ``grid``, leaving out points whose KV cache does not fit (:func:`kv_fits`)."""
+    gpu, dtype_bytes = GPUS[dep.gpu_key], DTYPE_BYTES[dtype]
+    archs = {"target": Architecture.from_config(dep.target), "draft": Architecture.from_config(dep.draft)}
+    tps = {"target": dep.tp, "draft": 1}
+    rows, skipped = [], 0
+    for point in grid.points():
+        tokens = point.batch_size * (point.context_len + point.query_len)
+        if not kv_fits(archs["target"], archs["draft"], gpu, dep.tp, tokens, dtype_bytes):
+            skipped += 1
+            continue
+        arch = archs[point.role]
+        cost = pass_cost(arch, gpu, point.phase, point.batch_size, point.query_len, point.context_len,
+                         dtype_bytes, tps[point.role], eff)
+        rows.append({**point.as_dict(), "seconds": cost.seconds, "num_layers": arch.num_layers})
+    frame = pd.DataFrame(rows).sort_values(["role", "phase", "batch_size", "query_len", "context_len"])
+    memory = {
+        "device_memory_gb": gpu.memory_gib * dep.tp,
+        "target_weight_gb": archs["target"].weight_bytes(dtype_bytes) / GIB,
+        "draft_weight_gb": archs["draft"].weight_bytes(dtype_bytes) * dep.tp / GIB,
+        "target_kv_bytes_per_token": archs["target"].kv_bytes_per_token(dtype_bytes),
+        "draft_kv_bytes_per_token": archs["draft"].kv_bytes_per_token(dtype_bytes) * dep.tp,
+    }
+    meta = {
+        "method": "analytical",
+        "device": f"{dep.tp} x {gpu.name}" if dep.tp > 1 else gpu.name,
+        "dtype": dtype,
+        "target": {"config": dep.target, "num_layers": archs["target"].num_layers, "params": archs["target"].params,
+                   "tensor_parallel": dep.tp},
+        "draft": {"config": dep.draft, "num_layers": archs["draft"].num_layers, "params": archs["draft"].params,
+                  "tensor_parallel": 1},
+        "gpu": asdict(gpu),
+        "efficiency": asdict(eff),
+        "efficiency_source": EFFICIENCY_SOURCE,
+        "formula": "sum over linear/attention/lm_head of max(FLOPs/(peak*compute), bytes/(bw*bandwidth)) "
+                   "+ tensor-parallel all-reduces + fixed_s + per_layer_s*layers (profiles/analytical.py)",
+        "grid": grid.as_dict(),
+        "points_left_out": skipped,
+        "kv_fit": {"memory_utilization": MEMORY_UTILIZATION, "activation_reserve_gb": ACTIVATION_RESERVE_GIB},
+        "memory": memory,
+        "memory_note": "one engine over tp devices: device memory summed over them; the draft (weights and "
+                       "KV, on the first device only) counted tp times, so that the simulator's budget "
+                       "(memory - weights) / KV per token gives the first device's token capacity",
+    }
+    return frame, meta
+
+
+def write_all(out_dir: str | Path, grid: Grid | None = None) -> list[Path]:
+    """Write every :data:`DEPLOYMENTS` profile (CSV + ``.meta.json``) over ``grid`` (default: the GPU runs'
+    grid) into ``out_dir``; the written CSVs."""
+    from profiles.profiler import GPU_GRID
+    from simulator.profile_table import write_profile
+
+    paths = []
+    for dep in DEPLOYMENTS:
+        frame, meta = analytical_profile(dep, grid or GPU_GRID)
+        path = Path(out_dir) / f"{dep.stem}.csv"
+        write_profile(frame, meta, path)
+        paths.append(path)
+    return paths
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m profiles.analytical", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(DATA_DIR), help="folder for the profiles (default profiles/data)")
+    args = parser.parse_args(argv)
+    for path in write_all(args.out):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

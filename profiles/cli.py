@@ -1,0 +1,196 @@
+"""``python run_sim.py profile ...``: measure a profile, or report how well the cost model fits one.
+
+Measure (needs torch and transformers)::
+
+    run_sim.py profile --target llama-2-7b --draft llama-68m --device cuda --dtype bf16 \\
+        --batch-sizes 1,2,4 --query-lens 1,2,3,4,5 --context-lens 128,512 --prefill-lens 128,512 \\
+        --out profiles/data/h200__llama-2-7b__llama-68m.csv --max-seconds 600
+
+Report (no torch needed)::
+
+    run_sim.py profile --report PROFILE.csv [--plot fit.png]
+
+Bad input raises :class:`UserError` (one line; exit status 2).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+
+import pandas as pd
+
+from profiles.profiler import GPU_GRID, Grid, ProfileSettings, TimingPolicy, run_profile
+from simulator.errors import UserError
+
+FITTERS = ("linear", "interp")
+EXIT_USER_ERROR = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse reporting a bad flag as a UserError. (Not simulator.cli's twin: the GPU machines that run
+    the profiler lack SimPy, and this module must not depend on what simulator.cli imports.)"""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise UserError(f"{self.prog}: {message}")
+
+
+def _ints(flag: str, text: str, allow_empty: bool = False) -> tuple[int, ...]:
+    """``"1,2,4"`` -> (1, 2, 4); ``"none"`` -> () where ``allow_empty``."""
+    if allow_empty and text.strip().lower() in ("", "none"):
+        return ()
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise UserError(f"{flag}: expected comma-separated integers (got {text!r})") from None
+
+
+def _csv(values: tuple[int, ...]) -> str:
+    return ",".join(map(str, values))
+
+
+def build_parser() -> _Parser:
+    p = _Parser(prog="run_sim.py profile", description=__doc__.splitlines()[0])
+    p.add_argument("--report", metavar="PROFILE", help="print the cost model's held-out fit of this profile")
+    p.add_argument("--plot", metavar="PNG", help="with --report: plot measured vs fitted seconds")
+    p.add_argument("--target", help="target model: a shipped name (profiles/models) or a config.json path")
+    p.add_argument("--draft", help="draft model (optional): a shipped name or a config.json path")
+    p.add_argument("--out", help="profile CSV to write (its metadata goes beside it, <stem>.meta.json)")
+    p.add_argument("--batch-sizes", default=_csv(GPU_GRID.batch_sizes), help="sequences per pass")
+    p.add_argument("--query-lens", default=_csv(GPU_GRID.query_lens), help="target verify tokens per sequence (k+1)")
+    p.add_argument("--context-lens", default=_csv(GPU_GRID.context_lens), help="cached tokens per sequence")
+    p.add_argument("--prefill-lens", default=_csv(GPU_GRID.prefill_lens), help="prompt lengths ('none': no prefill)")
+    p.add_argument("--max-prefill-tokens", type=int, default=GPU_GRID.max_prefill_tokens,
+                   help="leave out prefill points with batch x prompt above this many tokens")
+    p.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32")
+    p.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when present)")
+    p.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
+    p.add_argument("--max-seconds", type=float, help="stop measuring after this many seconds (keeps what was done)")
+    p.add_argument("--num-layers", type=int, help="cut both models to this many layers")
+    p.add_argument("--scale-layers", metavar="N1,N2",
+                   help="measure the target at N1 and N2 layers, extrapolate to its full depth")
+    p.add_argument("--check-scaling", action="store_true",
+                   help="with --scale-layers: measure the full depth too and report the extrapolation's error")
+    p.add_argument("--weights", metavar="DIR", help="real weights: DIR/<model name>/ (from_pretrained) when present")
+    p.add_argument("--max-memory-gb", type=float, help="use at most this much memory (GiB, weights included)")
+    p.add_argument("--warmup", type=int, default=TimingPolicy.warmup, help="untimed passes per point")
+    p.add_argument("--min-repeats", type=int, default=TimingPolicy.min_repeats, help="timed passes per point, at least")
+    p.add_argument("--max-repeats", type=int, default=TimingPolicy.max_repeats, help="timed passes per point, at most")
+    p.add_argument("--rel-tol", type=float, default=TimingPolicy.rel_tol,
+                   help="stop repeating when the running median moves less than this (relative)")
+    p.add_argument("--point-seconds", type=float, default=TimingPolicy.point_seconds,
+                   help="stop repeating a point after this many timed seconds")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights, caches and tokens")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """Run the ``profile`` command; returns the exit status (user errors raise :class:`UserError`)."""
+    args = build_parser().parse_args(argv)
+    if args.report:
+        return report(args.report, args.plot)
+    if args.plot:
+        raise UserError("--plot: only with --report PROFILE")
+    if not args.target or not args.out:
+        raise UserError("profile: needs --target CONFIG and --out PATH (or --report PROFILE)")
+    settings = settings_from_args(args)
+    result = run_profile(settings)
+    meta = result.meta
+    state = "complete" if meta["complete"] else f"incomplete ({meta['stopped'] or 'points left'})"
+    print(f"{result.path}: {meta['points']['rows']} rows, {meta['points']['skipped']} skipped, {state}, "
+          f"{meta['wall_seconds']} s on {meta['device']}")
+    check = meta.get("layer_scaling", {}).get("check")
+    if check:
+        print(scaling_table(check))
+    return 0
+
+
+def settings_from_args(args: argparse.Namespace) -> ProfileSettings:
+    """Validated profiling settings from parsed flags (``--device auto``: cuda when torch sees one)."""
+    scale = None
+    if args.scale_layers:
+        scale = _ints("--scale-layers", args.scale_layers)
+        if len(scale) != 2:
+            raise UserError(f"--scale-layers: expected N1,N2 (got {args.scale_layers!r})")
+    try:
+        import torch
+        import transformers  # noqa: F401 - checked here, used by the profiler
+    except ImportError as exc:
+        raise UserError(f"profile: measuring needs the profile extra (pip install -e '.[profile]'): {exc}") from None
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    grid = Grid(batch_sizes=_ints("--batch-sizes", args.batch_sizes), query_lens=_ints("--query-lens", args.query_lens),
+                context_lens=_ints("--context-lens", args.context_lens),
+                prefill_lens=_ints("--prefill-lens", args.prefill_lens, allow_empty=True),
+                max_prefill_tokens=args.max_prefill_tokens)
+    timing = TimingPolicy(warmup=args.warmup, min_repeats=args.min_repeats, max_repeats=args.max_repeats,
+                          rel_tol=args.rel_tol, point_seconds=args.point_seconds)
+    return ProfileSettings(target=args.target, draft=args.draft, out=args.out, grid=grid, dtype=args.dtype,
+                           device=device, threads=args.threads, max_seconds=args.max_seconds,
+                           num_layers=args.num_layers, scale_layers=scale, check_scaling=args.check_scaling,
+                           weights=args.weights, max_memory_gb=args.max_memory_gb, timing=timing, seed=args.seed,
+                           quiet=args.quiet)
+
+
+def scaling_table(check: dict) -> str:
+    """The layer-scaling check as a small table: relative error of the extrapolation per role/phase."""
+    frame = pd.DataFrame.from_dict(check, orient="index")
+    return "layer-scaling check (extrapolated vs measured full depth):\n" + frame.to_string(
+        formatters={"mean_rel_error": "{:.1%}".format, "max_rel_error": "{:.1%}".format})
+
+
+def report(path: str, plot: str | None = None) -> int:
+    """Print both fitters' held-out error on the profile at ``path``; optionally plot measured vs fitted."""
+    from simulator.cost_model import fit_report
+    from simulator.profile_table import read_profile
+
+    table = read_profile(path)
+    frames = [fit_report(table, fitter).assign(fitter=fitter) for fitter in FITTERS]
+    out = pd.concat(frames, ignore_index=True)[["fitter", "role", "phase", "n_train", "n_test",
+                                               "mean_rel_error", "max_rel_error"]]
+    print(f"{path} ({table.method}, {table.meta.get('device', 'unknown device')}): held-out fit, 20% of each "
+          "role/phase left out")
+    print(out.to_string(index=False, formatters={"mean_rel_error": "{:.1%}".format,
+                                                 "max_rel_error": "{:.1%}".format}))
+    if plot:
+        plot_fit(table, plot)
+        print(f"plot: {plot}")
+    return 0
+
+
+def plot_fit(table, path: str) -> None:
+    """Profile vs fitted seconds (each fitter fitted on all rows), one panel per fitter, log-log."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from simulator.cost_model import fit_cost_model, predict_row
+
+    frame = table.frame
+    fig, axes = plt.subplots(1, len(FITTERS), figsize=(5 * len(FITTERS), 4.5), squeeze=False)
+    for ax, fitter in zip(axes[0], FITTERS):
+        model = fit_cost_model(table, fitter)
+        for (role, phase), part in frame.groupby(["role", "phase"]):
+            fitted = [predict_row(model, role, phase, int(r.batch_size), int(r.query_len), int(r.context_len))
+                      for r in part.itertuples()]
+            ax.scatter(part["seconds"], fitted, s=8, label=f"{role} {phase}")
+        lo, hi = frame["seconds"].min(), frame["seconds"].max()
+        ax.plot([lo, hi], [lo, hi], color="grey", lw=1)
+        ax.set(xscale="log", yscale="log", xlabel=f"{table.method} seconds", ylabel="fitted seconds",
+               title=f"{fitter} (fitted on all rows)")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{table.path} ({table.method})", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(EXIT_USER_ERROR)

@@ -1,0 +1,583 @@
+"""Measure the seconds of single forward passes of a target/draft pair over a grid of shapes.
+
+Measured points (rows of a profile, :mod:`simulator.profile_table`):
+
+- target ``prefill``: ``batch_size`` prompts of ``query_len`` tokens (``context_len`` 0);
+- target ``decode``: verification of ``query_len = k + 1`` tokens per sequence over ``context_len`` cached;
+- draft ``decode``: one token per sequence over ``context_len`` cached; draft ``prefill`` as the target's.
+
+Method. Each pass runs through :mod:`profiles.forward` (the real engine's code path). Per point: warm-up
+passes, then timed passes (``time.perf_counter`` with ``torch.cuda.synchronize`` before and after each on
+CUDA; on CPU a fixed ``torch.set_num_threads``) until at least ``min_repeats`` and the running median moves
+by less than ``rel_tol``, or ``max_repeats`` or ``point_seconds`` is reached; the median and the 10th/90th
+percentiles are stored. A ``(batch, context)`` KV cache is built once and every ``query_len`` runs over it,
+cropped back after each pass.
+
+The grid runs coarse to fine (every 4th value of each axis first, then every 2nd, then the rest), so a run
+cut by ``max_seconds`` still spans the grid. A point whose estimated KV cache and activations exceed the
+free memory, or that runs out of memory anyway, is reported in one line and skipped. Rows are appended to
+the output CSV as they are measured, so an interrupted run resumes where it stopped; at the end the CSV
+and its metadata are rewritten atomically.
+
+Layer scaling (a target too large for the device): with ``scale_layers = (n1, n2)`` the target is
+measured cut to ``n1`` and ``n2`` layers and each point extrapolated linearly in the layer count,
+``t(N) = t(n1) + (N - n1) (t(n2) - t(n1)) / (n2 - n1)`` (fixed cost + per-layer cost). ``check_scaling``
+also measures the full depth and reports the relative error of the extrapolation.
+
+This module imports torch only inside :func:`run_profile`; the grid and the arithmetic work without it.
+"""
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pandas as pd
+
+from profiles.analytical import DTYPE_BYTES, GIB, Architecture, resolve_model_config
+from simulator.errors import UserError
+from simulator.profile_table import meta_path, read_json, write_atomic, write_profile
+
+KEY = ("role", "phase", "batch_size", "query_len", "context_len")
+COLUMNS = KEY + ("seconds", "seconds_p10", "seconds_p90", "repeats", "num_layers")
+#: Extra columns of a layer-scaled profile: the two cut models' medians, and the extrapolation when the
+#: full depth is measured too (``check_scaling``).
+SCALING_COLUMNS = ("seconds_n1", "seconds_n2")
+CHECK_COLUMNS = ("seconds_scaled",)
+
+
+# -- the grid ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Point:
+    """One profile row's shape: ``query_len`` tokens per sequence over ``context_len`` cached ones."""
+
+    role: str
+    phase: str
+    batch_size: int
+    query_len: int
+    context_len: int
+
+    @property
+    def key(self) -> tuple:
+        return (self.role, self.phase, self.batch_size, self.query_len, self.context_len)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        if self.phase == "prefill":
+            return f"{self.role} prefill b={self.batch_size} P={self.query_len}"
+        return f"{self.role} decode b={self.batch_size} q={self.query_len} L={self.context_len}"
+
+
+@dataclass(frozen=True)
+class Group:
+    """Points measured over one KV cache: a ``(role, batch, context)`` decode group of several
+    ``query_len``, or a single prefill point."""
+
+    role: str
+    phase: str
+    batch_size: int
+    context_len: int
+    points: tuple[Point, ...]
+
+
+def coarse_levels(n: int) -> list[int]:
+    """Refinement level of each of ``n`` axis values: 0 for every 4th and the last, 1 for every 2nd, else 2."""
+    return [0 if i % 4 == 0 or i == n - 1 else 1 if i % 2 == 0 else 2 for i in range(n)]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Axis values of a profile (tokens, sequences). Prefill points with ``batch x P`` above
+    ``max_prefill_tokens`` are left out (None: no limit)."""
+
+    batch_sizes: tuple[int, ...]
+    query_lens: tuple[int, ...]
+    context_lens: tuple[int, ...]
+    prefill_lens: tuple[int, ...]
+    max_prefill_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("batch_sizes", "query_lens", "context_lens", "prefill_lens"):
+            values = getattr(self, name)
+            flag = "--" + name.replace("_", "-")
+            if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+                raise UserError(f"{flag}: values must be positive integers (got {','.join(map(str, values))})")
+            if list(values) != sorted(set(values)):
+                raise UserError(f"{flag}: values must be increasing without repeats (got {','.join(map(str, values))})")
+        if not (self.batch_sizes and self.query_lens and self.context_lens):
+            raise UserError("grid: --batch-sizes, --query-lens and --context-lens need at least one value each")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
+            raise UserError(f"--max-prefill-tokens: must be >= 1 (got {self.max_prefill_tokens})")
+
+    def groups(self, roles: tuple[str, ...] = ("target", "draft")) -> list[Group]:
+        """Every measurement group, coarse to fine: level by level (see :func:`coarse_levels`), each level's
+        decode groups by (batch, context) with the roles interleaved, then its prefill points."""
+        lb, lq, lc, lp = (dict(zip(v, coarse_levels(len(v)))) for v in
+                          (self.batch_sizes, self.query_lens, self.context_lens, self.prefill_lens))
+        out = []
+        for level in range(3):
+            for b in self.batch_sizes:
+                for ctx in self.context_lens:
+                    for role in roles:
+                        qs = self.query_lens if role == "target" else (1,)
+                        levels = {q: max(lb[b], lc[ctx], lq.get(q, 0) if role == "target" else 0) for q in qs}
+                        pts = tuple(Point(role, "decode", b, q, ctx) for q in qs if levels[q] == level)
+                        if pts:
+                            out.append(Group(role, "decode", b, ctx, pts))
+            for b in self.batch_sizes:
+                for p in self.prefill_lens:
+                    if max(lb[b], lp[p]) != level:
+                        continue
+                    if self.max_prefill_tokens is not None and b * p > self.max_prefill_tokens:
+                        continue
+                    out.extend(Group(role, "prefill", b, 0, (Point(role, "prefill", b, p, 0),)) for role in roles)
+        return out
+
+    def points(self, roles: tuple[str, ...] = ("target", "draft")) -> list[Point]:
+        """Every point, in measurement order."""
+        return [p for g in self.groups(roles) for p in g.points]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+def powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
+    return tuple(2 ** i for i in range(int(math.log2(lo)), int(math.log2(hi)) + 1))
+
+
+#: The grid of the GPU runs and the shipped analytical profiles: batch 1..256, k + 1 in 1..9,
+#: contexts and prompts 128..4096 tokens, prefill batches up to 16384 tokens.
+GPU_GRID = Grid(batch_sizes=powers_of_two(1, 256), query_lens=tuple(range(1, 10)),
+                context_lens=powers_of_two(128, 4096), prefill_lens=powers_of_two(128, 4096),
+                max_prefill_tokens=16384)
+
+
+# -- timing --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TimingPolicy:
+    """When to stop repeating a pass: after ``min_repeats`` once the median moves less than ``rel_tol``
+    (relative), or at ``max_repeats``, or once ``point_seconds`` of timed passes have run."""
+
+    warmup: int = 1
+    min_repeats: int = 3
+    max_repeats: int = 20
+    rel_tol: float = 0.02
+    point_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.min_repeats < 1 or self.max_repeats < self.min_repeats:
+            raise UserError(f"timing: need warmup >= 0 and 1 <= min_repeats <= max_repeats (got {self})")
+        if not self.rel_tol > 0 or not self.point_seconds > 0:
+            raise UserError(f"timing: rel_tol and point_seconds must be > 0 (got {self})")
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds of one pass: median and 10th/90th percentiles over ``repeats`` timed passes."""
+
+    median: float
+    p10: float
+    p90: float
+    repeats: int
+
+    @classmethod
+    def of(cls, seconds: list[float]) -> "Timing":
+        p10, p50, p90 = np.percentile(seconds, [10, 50, 90])
+        return cls(float(p50), float(p10), float(p90), len(seconds))
+
+
+def measure(run: Callable[[], Any], reset: Callable[[], Any], sync: Callable[[], Any], policy: TimingPolicy,
+            clock: Callable[[], float] = time.perf_counter) -> Timing:
+    """Time ``run`` (one pass) under ``policy`` on ``clock`` (seconds); ``reset`` restores the state after
+    each pass (untimed), ``sync`` waits for the device before and after each timed pass."""
+    for _ in range(policy.warmup):
+        run()
+        reset()
+    seconds: list[float] = []
+    while True:
+        sync()
+        t0 = clock()
+        run()
+        sync()
+        seconds.append(clock() - t0)
+        reset()
+        n = len(seconds)
+        if n < policy.min_repeats:
+            continue
+        median = float(np.median(seconds))
+        stable = n >= 2 and abs(median - float(np.median(seconds[:-1]))) < policy.rel_tol * median
+        if stable or n >= policy.max_repeats or sum(seconds) >= policy.point_seconds:
+            return Timing.of(seconds)
+
+
+def extrapolate_layers(t1: float, t2: float, n1: int, n2: int, n_full: int) -> float:
+    """Seconds at ``n_full`` layers from ``t1`` at ``n1`` and ``t2`` at ``n2`` layers (fixed + per-layer
+    cost, linear in the layer count); never below ``t2`` (a deeper model is not faster)."""
+    return max(t2, t1 + (n_full - n1) * (t2 - t1) / (n2 - n1))
+
+
+def scaling_errors(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """Relative error |scaled - measured| / measured of the rows with ``seconds_scaled``, per
+    ``role/phase`` and ``all``: mean, max and the number of points."""
+    rows = frame.dropna(subset=["seconds_scaled"]) if "seconds_scaled" in frame else frame.iloc[:0]
+    err = (rows["seconds_scaled"] - rows["seconds"]).abs() / rows["seconds"]
+    out = {}
+    for name, part in [(f"{r}/{p}", err[(rows.role == r) & (rows.phase == p)])
+                       for r, p in sorted(set(zip(rows.role, rows.phase)))] + [("all", err)]:
+        if len(part):
+            out[name] = {"mean_rel_error": float(part.mean()), "max_rel_error": float(part.max()), "points": len(part)}
+    return out
+
+
+# -- memory --------------------------------------------------------------------------------------
+def pass_memory_bytes(arch: Architecture, dtype_bytes: int, point: Point) -> float:
+    """Bytes a pass allocates beyond the weights (an upper estimate): the KV cache after the pass plus one
+    layer's copy (``DynamicCache`` concatenates), one layer's activations, attention scores as if
+    materialised, and the logits; 20% and 64 MiB of slack."""
+    b, q, ctx = point.batch_size, point.query_len, point.context_len
+    tokens = b * (ctx + q)
+    kv = tokens * arch.kv_bytes_per_token(dtype_bytes) * (1 + 1 / arch.num_layers)
+    width = 4 * arch.hidden + 3 * arch.intermediate + (arch.heads + 2 * arch.kv_heads) * arch.head_dim
+    activations = b * q * width * dtype_bytes + b * arch.heads * q * (ctx + q) * dtype_bytes
+    logits = b * (1 if point.phase == "prefill" else q) * arch.vocab * dtype_bytes
+    return 1.2 * (kv + activations + logits) + 64 * 2 ** 20
+
+
+# -- settings and the run ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProfileSettings:
+    """Everything a profiling run depends on (see ``python run_sim.py profile --help``)."""
+
+    target: str
+    out: str
+    grid: Grid
+    draft: str | None = None
+    dtype: str = "bf16"
+    device: str = "cuda"
+    threads: int | None = None
+    max_seconds: float | None = None
+    num_layers: int | None = None
+    scale_layers: tuple[int, int] | None = None
+    check_scaling: bool = False
+    weights: str | None = None
+    max_memory_gb: float | None = None
+    timing: TimingPolicy = field(default_factory=TimingPolicy)
+    seed: int = 0
+    quiet: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPE_BYTES:
+            raise UserError(f"--dtype: must be one of {', '.join(DTYPE_BYTES)} (got {self.dtype!r})")
+        if self.device not in ("cpu", "cuda"):
+            raise UserError(f"--device: must be cpu or cuda (got {self.device!r})")
+        for name in ("threads", "num_layers"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise UserError(f"--{name.replace('_', '-')}: must be >= 1 (got {value})")
+        for name in ("max_seconds", "max_memory_gb"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise UserError(f"--{name.replace('_', '-')}: must be > 0 (got {value})")
+        if self.scale_layers is not None:
+            n1, n2 = self.scale_layers
+            if not 1 <= n1 < n2:
+                raise UserError(f"--scale-layers: need two layer counts 1 <= N1 < N2 (got {n1},{n2})")
+            if self.num_layers is not None:
+                raise UserError("--scale-layers: not together with --num-layers")
+        if self.check_scaling and self.scale_layers is None:
+            raise UserError("--check-scaling: needs --scale-layers N1,N2")
+        if self.weights is not None and not Path(self.weights).is_dir():
+            raise UserError(f"--weights: no such folder (got {self.weights!r})")
+
+    def roles(self) -> tuple[str, ...]:
+        return ("target", "draft") if self.draft else ("target",)
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must share with the run that wrote the partial output."""
+        return {"target": self.target, "draft": self.draft, "dtype": self.dtype, "device_type": self.device,
+                "num_layers": self.num_layers, "scale_layers": list(self.scale_layers or []) or None,
+                "check_scaling": self.check_scaling, "weights": self.weights}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One model a role is measured with: the full model, or the target cut to ``num_layers`` for scaling."""
+
+    name: str
+    arch: Architecture
+    model: Any
+
+
+@dataclass(frozen=True)
+class ProfileResult:
+    frame: pd.DataFrame
+    meta: dict[str, Any]
+    path: str
+
+
+def _columns(settings: ProfileSettings) -> tuple[str, ...]:
+    if settings.scale_layers is None:
+        return COLUMNS
+    return COLUMNS + SCALING_COLUMNS + (CHECK_COLUMNS if settings.check_scaling else ())
+
+
+def read_partial(path: Path, settings: ProfileSettings) -> pd.DataFrame:
+    """Rows an earlier run of the same settings left in ``path`` (a cut last line is dropped); empty if none.
+    Output of a different run is a UserError."""
+    mp = meta_path(path)
+    if mp.is_file():
+        before, now = read_json(mp).get("settings") or {}, settings.identity()
+        for key, value in now.items():
+            if before.get(key) != value:
+                raise UserError(f"{path}: holds a profile of other settings ({key} {before.get(key)!r}, not "
+                                f"{value!r}); give another --out or remove it")
+    if not path.is_file() or path.stat().st_size == 0:
+        return pd.DataFrame(columns=_columns(settings))
+    try:
+        frame = pd.read_csv(path, on_bad_lines="skip")
+    except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as exc:
+        raise UserError(f"{path}: cannot resume from it, not a profile CSV ({str(exc).splitlines()[0]})") from None
+    if list(frame.columns) != list(_columns(settings)):
+        raise UserError(f"{path}: cannot resume from it: columns {list(frame.columns)} "
+                        f"(expected {list(_columns(settings))}); give another --out or remove it")
+    numeric = frame.columns.drop(["role", "phase"])
+    frame[numeric] = frame[numeric].apply(pd.to_numeric, errors="coerce")
+    return frame.dropna(subset=list(KEY) + ["seconds"]).astype({k: "int64" for k in KEY[2:]})
+
+
+class _RowWriter:
+    """Appends rows to the output CSV, flushed one by one (the resume log of an interrupted run)."""
+
+    def __init__(self, path: Path, columns: tuple[str, ...], existing: pd.DataFrame):
+        write_atomic(path, existing.to_csv(index=False, columns=list(columns)))
+        self._file = open(path, "a", newline="")
+        self._writer = csv.DictWriter(self._file, fieldnames=list(columns))
+
+    def write(self, row: dict[str, Any]) -> None:
+        self._writer.writerow(row)
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def run_profile(settings: ProfileSettings, log: Callable[[str], None] | None = None,
+                clock: Callable[[], float] = time.monotonic) -> ProfileResult:
+    """Measure ``settings.grid`` and write the profile (CSV + ``.meta.json``) to ``settings.out``.
+
+    Resumes from rows already in ``settings.out``; stops early at ``max_seconds`` on ``clock`` (the metadata
+    then says ``complete: false``), or on Ctrl-C, keeping what was measured. ``log`` gets the one-line
+    messages (default: stderr, above the progress bar)."""
+    import torch
+    import transformers
+    from tqdm import tqdm
+
+    from profiles import forward
+
+    start_wall, start = datetime.datetime.now(datetime.timezone.utc), clock()
+    deadline = start + settings.max_seconds if settings.max_seconds else math.inf
+    say = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
+    out = Path(settings.out)
+    dtype_bytes = DTYPE_BYTES[settings.dtype]
+    roles = settings.roles()
+    full = _architectures(settings)
+    existing = read_partial(out, settings)
+    done = set(existing[list(KEY)].itertuples(index=False, name=None))
+
+    device = forward.setup_device(settings.device, settings.threads)
+    variants = _variants(settings, full, forward, device)
+    loaded_weights = sum(v.arch.weight_bytes(dtype_bytes) for vs in variants.values() for v in vs)
+    generator = torch.Generator(device=device).manual_seed(settings.seed)
+    meta = {
+        "method": "measured",
+        "device": forward.device_name(device),
+        "dtype": settings.dtype,
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "python_version": platform.python_version(),
+        "settings": settings.identity(),
+        **_model_meta(settings, full, forward.total_memory_bytes(device)),
+    }
+    write_atomic(meta_path(out), json.dumps({**meta, "complete": False}, indent=2) + "\n")
+
+    groups = [g for g in settings.grid.groups(roles) if any(p.key not in done for p in g.points)]
+    writer = _RowWriter(out, _columns(settings), existing)
+    rows: list[dict[str, Any]] = existing.to_dict("records")
+    skipped: dict[tuple, str] = {}
+    measured, stopped = 0, None
+    bar = tqdm(total=sum(p.key not in done for g in groups for p in g.points), unit="pt", file=sys.stderr,
+               disable=settings.quiet or not sys.stderr.isatty())
+
+    def skip(points: list[Point], why: str) -> None:
+        for p in points:
+            skipped[p.key] = f"{p}: {why}"
+            say(f"skip {skipped[p.key]}")
+        bar.update(len(points))
+
+    try:
+        for group in groups:
+            if clock() >= deadline:
+                break
+            points = [p for p in group.points if p.key not in done]
+            need = sum(pass_memory_bytes(v.arch, dtype_bytes, points[-1]) for v in variants[group.role])
+            free = forward.free_memory_bytes(device)
+            if settings.max_memory_gb is not None:
+                free = min(free, settings.max_memory_gb * GIB - loaded_weights)
+            if need > 0.9 * free:
+                skip(points, f"needs ~{need / GIB:.2f} GiB, {max(free, 0) / GIB:.2f} GiB free")
+                continue
+            in_group, out_of_memory = 0, False
+            try:
+                for row in _measure_group(group, points, variants[group.role], settings, forward, device,
+                                          generator, lambda: clock() >= deadline, full[group.role].num_layers):
+                    writer.write(row)
+                    rows.append(row)
+                    in_group += 1
+                    measured += 1
+                    bar.update(1)
+            except Exception as exc:
+                if not forward.is_out_of_memory(exc):
+                    raise
+                out_of_memory = True
+            if out_of_memory:  # here, not in the handler: the traceback there still holds the caches
+                forward.release_memory(device)
+                skip(points[in_group:], f"out of memory (estimated ~{need / GIB:.2f} GiB)")
+    except KeyboardInterrupt:
+        stopped = "interrupted"
+    finally:
+        bar.close()
+        writer.close()
+
+    frame = pd.DataFrame(rows, columns=list(_columns(settings))).sort_values(list(KEY)).reset_index(drop=True)
+    frame = frame.astype({k: "int64" for k in KEY[2:]})
+    grid_keys = {p.key for p in settings.grid.points(roles)}
+    complete = grid_keys <= set(frame[list(KEY)].itertuples(index=False, name=None)) | set(skipped)
+    meta.update({
+        "date": start_wall.isoformat(timespec="seconds"),
+        "wall_seconds": round(clock() - start, 1),
+        "complete": complete,
+        "stopped": None if complete else stopped or "max_seconds",
+        "points": {"grid": len(grid_keys), "rows": len(frame), "measured_now": measured, "skipped": len(skipped)},
+        "skipped": list(skipped.values()),
+    })
+    if settings.check_scaling:
+        meta["layer_scaling"]["check"] = scaling_errors(frame)
+    write_profile(frame, meta, out)
+    return ProfileResult(frame, meta, str(out))
+
+
+def _architectures(settings: ProfileSettings) -> dict[str, Architecture]:
+    """Each role's architecture at the depth its rows describe (``num_layers`` if given, else the config's)."""
+    full = {r: Architecture.from_config(getattr(settings, r), f"--{r}") for r in settings.roles()}
+    if settings.num_layers is not None:
+        full = {r: a.with_layers(settings.num_layers) for r, a in full.items()}
+    if settings.scale_layers is not None and settings.scale_layers[1] > full["target"].num_layers:
+        raise UserError(f"--scale-layers: N2 must be <= the target's {full['target'].num_layers} layers "
+                        f"(got {settings.scale_layers[1]})")
+    return full
+
+
+def _variants(settings: ProfileSettings, full: dict[str, Architecture], forward: Any,
+              device: Any) -> dict[str, list[Variant]]:
+    """The models each role is measured with: the model itself, or the target cut to N1 and N2 layers
+    (and whole, for the scaling check)."""
+    out = {}
+    for role, arch in full.items():
+        depths = [arch.num_layers]
+        if role == "target" and settings.scale_layers is not None:
+            depths = list(settings.scale_layers) + ([arch.num_layers] if settings.check_scaling else [])
+        spec = getattr(settings, role)
+        out[role] = [Variant(f"{role}@{n}", arch.with_layers(n),
+                             forward.build_model(forward.load_config(spec, f"--{role}", n), settings.dtype, device,
+                                                 settings.seed, _weights_dir(settings, role)))
+                     for n in depths]
+    return out
+
+
+def _model_meta(settings: ProfileSettings, full: dict[str, Architecture], device_bytes: int) -> dict[str, Any]:
+    """Metadata on the models: per role, the grid and timing policy, layer scaling and the memory figures
+    (weights = parameters x dtype bytes, KV bytes per token = 2 x layers x kv_heads x head_dim x dtype bytes)."""
+    dtype_bytes = DTYPE_BYTES[settings.dtype]
+    meta: dict[str, Any] = {"grid": settings.grid.as_dict(), "timing": asdict(settings.timing)}
+    memory = {"device_memory_gb": device_bytes / GIB}
+    for role, arch in full.items():
+        spec = getattr(settings, role)
+        meta[role] = {"config": spec, "config_file": str(resolve_model_config(spec, f"--{role}")),
+                      "num_layers": arch.num_layers, "params": arch.params,
+                      "weights": str(_weights_dir(settings, role) or "random")}
+        memory[f"{role}_weight_gb"] = arch.weight_bytes(dtype_bytes) / GIB
+        memory[f"{role}_kv_bytes_per_token"] = arch.kv_bytes_per_token(dtype_bytes)
+    meta["memory"] = memory
+    if settings.scale_layers is not None:
+        n1, n2 = settings.scale_layers
+        meta["layer_scaling"] = {"role": "target", "layers": [n1, n2], "full_layers": full["target"].num_layers,
+                                 "formula": "t(N) = t(n1) + (N - n1) (t(n2) - t(n1)) / (n2 - n1), at least t(n2)",
+                                 "columns": {"seconds_n1": n1, "seconds_n2": n2},
+                                 "full_model_fits_device": full["target"].weight_bytes(dtype_bytes) < device_bytes,
+                                 "note": "every point is measured on the cut models; where the full model does not "
+                                         "fit the device, its seconds are those of a device that could hold it"}
+    return meta
+
+
+def _weights_dir(settings: ProfileSettings, role: str) -> Path | None:
+    """``<--weights>/<config name>`` if that folder exists (real weights for the role), else None."""
+    if settings.weights is None:
+        return None
+    spec = getattr(settings, role)
+    folder = Path(settings.weights) / resolve_model_config(spec, f"--{role}").stem
+    return folder if folder.is_dir() else None
+
+
+def _measure_group(group: Group, points: list[Point], variants: list[Variant], settings: ProfileSettings,
+                   forward: Any, device: Any, generator: Any, out_of_time: Callable[[], bool],
+                   full_layers: int) -> Iterator[dict[str, Any]]:
+    """Measure ``points`` of ``group`` with every variant (caches built once per variant), one row per point,
+    until ``out_of_time()``."""
+    sync = lambda: forward.synchronize(device)  # noqa: E731
+    caches = {}
+    if group.phase == "decode":
+        caches = {v.name: forward.random_cache(v.model, group.batch_size, group.context_len, generator)
+                  for v in variants}
+    for point in points:
+        if out_of_time():
+            return
+        timings = []
+        for v in variants:
+            ids = forward.random_tokens(v.model, point.batch_size, point.query_len, generator)
+            if group.phase == "decode":
+                cache = caches[v.name]
+                timing = measure(lambda: forward.decode_pass(v.model, cache, ids),
+                                 lambda: forward.crop(cache, point.query_len), sync, settings.timing)
+            else:
+                timing = measure(lambda: forward.prefill_pass(v.model, ids), lambda: None, sync, settings.timing)
+            timings.append(timing)
+        yield _row(point, timings, settings, full_layers)
+
+
+def _row(point: Point, timings: list[Timing], settings: ProfileSettings, full_layers: int) -> dict[str, Any]:
+    """A profile row from the timings of a point's variants (one, or the two cut models [+ the full one])."""
+    row = {**point.as_dict(), "num_layers": full_layers}
+    if len(timings) == 1:
+        t = timings[0]
+        return {**row, "seconds": t.median, "seconds_p10": t.p10, "seconds_p90": t.p90, "repeats": t.repeats}
+    (n1, n2), (t1, t2) = settings.scale_layers, timings[:2]
+    scaled = {name: extrapolate_layers(getattr(t1, name), getattr(t2, name), n1, n2, full_layers)
+              for name in ("median", "p10", "p90")}
+    row.update(seconds_n1=t1.median, seconds_n2=t2.median)
+    if settings.check_scaling:
+        t = timings[2]
+        return {**row, "seconds": t.median, "seconds_p10": t.p10, "seconds_p90": t.p90, "repeats": t.repeats,
+                "seconds_scaled": scaled["median"]}
+    return {**row, "seconds": scaled["median"], "seconds_p10": scaled["p10"], "seconds_p90": scaled["p90"],
+            "repeats": min(t1.repeats, t2.repeats)}
