@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.config import SimConfig
+from simulator.csv_checks import refuse_first, whole_numbers
 from simulator.errors import UserError, require
 
 #: Columns an acceptance trace must have (others are ignored).
@@ -294,9 +295,9 @@ def read_acceptance_trace(path: str) -> AcceptanceTrace:
                 f"(got columns {','.join(frame.columns)}; expected {','.join(TRACE_COLUMNS)})")
     require(len(frame) > 0, f"{path}: no rows after the header (got 0 rows)")
     ids = frame["request_id"].str.strip()
-    _refuse_first(path, frame["request_id"], ids.isna().to_numpy() | (ids == "").to_numpy(), "must not be empty")
-    proposed = _counts(path, frame["proposed"])
-    accepted = _counts(path, frame["accepted"])
+    refuse_first(path, frame["request_id"], ids.isna().to_numpy() | (ids == "").to_numpy(), "must not be empty")
+    proposed = whole_numbers(path, frame["proposed"], 0)
+    accepted = whole_numbers(path, frame["accepted"], 0)
     over = accepted > proposed
     if over.any():
         i = int(np.argmax(over))
@@ -353,20 +354,3 @@ def _grown(values: np.ndarray, index: int, fill: float) -> np.ndarray:
     grown = np.full(max(2 * values.size, index + 1, 64), fill, dtype=values.dtype)
     grown[:values.size] = values
     return grown
-
-
-def _counts(path: str, raw: pd.Series) -> np.ndarray:
-    """A column of token counts as int64, each a whole number >= 0."""
-    values = pd.to_numeric(raw.str.strip(), errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    _refuse_first(path, raw, ~np.isfinite(values) | (values != np.floor(values)), "must be a whole number")
-    _refuse_first(path, raw, values < 0, "must be >= 0")
-    return values.astype(np.int64)
-
-
-def _refuse_first(path: str, raw: pd.Series, bad: np.ndarray, problem: str) -> None:
-    """Raise naming the first row where ``bad`` holds (its line, column and value), unless there is none."""
-    if bad.any():
-        i = int(np.argmax(bad))
-        value = raw.iloc[i]
-        got = "an empty cell" if pd.isna(value) else repr(value)
-        raise UserError(f"{path}: line {i + 2}: {raw.name} {problem} (got {got})")

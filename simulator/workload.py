@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from simulator.config import SimConfig
+from simulator.csv_checks import finite_numbers, refuse_first, show_cell, whole_numbers
 from simulator.errors import UserError, require
 
 #: Trace formats by name: the columns holding (time, prompt tokens, output tokens).
@@ -218,7 +219,7 @@ def read_trace(path: str) -> Workload:
         i = first_back[0] + 1
         raw = frame[time_column]
         raise UserError(f"{path}: line {i + 2}: {time_column} goes backwards, traces must be sorted by time "
-                        f"(got {_show(raw.iloc[i])} after {_show(raw.iloc[i - 1])})")
+                        f"(got {show_cell(raw.iloc[i])} after {show_cell(raw.iloc[i - 1])})")
     return Workload(times, _token_counts(path, frame[prompt_column]), _token_counts(path, frame[output_column]),
                     f"trace {Path(path).name}")
 
@@ -255,44 +256,20 @@ def _read_table(path: str, formats: dict[str, tuple[str, ...]]) -> tuple[str, pd
     return name, frame
 
 
-def _refuse_first(path: str, raw: pd.Series, bad: np.ndarray, problem: str) -> None:
-    """Raise naming the first row where ``bad`` holds, unless there is none."""
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise UserError(f"{path}: line {i + 2}: {raw.name} {problem} (got {_show(raw.iloc[i])})")
-
-
-def _show(cell: object) -> str:
-    """A cell as a message shows it: text quoted, numbers bare."""
-    if pd.isna(cell):
-        return "an empty or NaN cell"
-    return repr(cell) if isinstance(cell, str) else str(cell)
-
-
-def _numbers(path: str, raw: pd.Series) -> np.ndarray:
-    """The column as float64; any cell that is not a finite number is an error."""
-    values = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-    _refuse_first(path, raw, ~np.isfinite(values), "must be a finite number")
-    return values
-
-
 def _token_counts(path: str, raw: pd.Series) -> np.ndarray:
     """The column as int64 token counts, each a whole number >= 1."""
-    values = _numbers(path, raw)
-    _refuse_first(path, raw, values != np.floor(values), "must be a whole number of tokens")
-    _refuse_first(path, raw, values < 1, "must be >= 1 token")
-    return values.astype(np.int64)
+    return whole_numbers(path, raw, 1, "token")
 
 
 def _seconds(path: str, raw: pd.Series) -> np.ndarray:
     """The column as float64 seconds, each finite and >= 0."""
-    values = _numbers(path, raw)
-    _refuse_first(path, raw, values < 0, "must be >= 0 seconds")
+    values = finite_numbers(path, raw)
+    refuse_first(path, raw, values < 0, "must be >= 0 seconds")
     return values
 
 
 def _timestamps(path: str, raw: pd.Series) -> np.ndarray:
     """Absolute ISO 8601 timestamps as float64 seconds after the first row (zones, if given, honoured)."""
     stamps = pd.to_datetime(raw, format="ISO8601", errors="coerce", utc=True)
-    _refuse_first(path, raw, stamps.isna().to_numpy(), "must be a timestamp like 2023-11-16 18:15:46.6805900")
+    refuse_first(path, raw, stamps.isna().to_numpy(), "must be a timestamp like 2023-11-16 18:15:46.6805900")
     return ((stamps - stamps.iloc[0]) / pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)
