@@ -43,7 +43,7 @@ def load_policy_file(path: str) -> list[str]:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"--policy-file {path}: no such file")
-    before = set(_REGISTRY)
+    before = dict(_REGISTRY)
     module_name = f"specsim_user_policy_{abs(hash(p.resolve()))}"
     spec = importlib.util.spec_from_file_location(module_name, p)
     if spec is None or spec.loader is None:
@@ -54,7 +54,7 @@ def load_policy_file(path: str) -> list[str]:
         spec.loader.exec_module(module)
     except Exception as exc:  # a user's file: report, do not trace back
         raise UserError(f"--policy-file {path}: failed to import: {type(exc).__name__}: {exc}") from None
-    added = sorted(set(_REGISTRY) - before)
+    added = sorted(n for n, c in _REGISTRY.items() if before.get(n) is not c)  # a reload re-registers
     if not added:
         raise UserError(f"--policy-file {path}: registers no policy (decorate a Policy subclass with @register)")
     return added

@@ -43,6 +43,7 @@ class Threshold(Policy):
         self.table: tuple[tuple[int, int, int], ...] = (
             ((0, max_batch, self.k),) if max_batch is not None else parse_table(reader, table, self.k))
         """Inclusive request-count ranges and their k, sorted and disjoint."""
+        self.stationary = self.count == "running"  # the queue length changes k only with count=total
 
     def k_for(self, count: int) -> int:
         """Proposal length when ``count`` requests are counted (0 outside every range)."""

@@ -65,6 +65,11 @@ class AcceptanceModel:
         """Accepted draft tokens per request (int64), 0 <= accepted <= proposed; proposed 0 gives 0."""
         raise NotImplementedError
 
+    def draw_steps(self, request_ids: np.ndarray, proposed: np.ndarray, steps: int) -> np.ndarray:
+        """Accepted tokens for ``steps`` consecutive steps of the same batch and proposals, shape
+        ``(steps, batch)``: row j is step j. The same draws as ``steps`` calls of :meth:`draw`."""
+        return np.stack([self.draw(request_ids, proposed) for _ in range(steps)])
+
     def finish(self, request_id: int) -> None:
         """Request ``request_id`` left decoding: free its state."""
 
@@ -88,9 +93,13 @@ class ConstantAcceptance(AcceptanceModel):
         self._rng = rng
 
     def draw(self, request_ids: np.ndarray, proposed: np.ndarray) -> np.ndarray:
+        return self.draw_steps(request_ids, proposed, 1)[0]
+
+    def draw_steps(self, request_ids: np.ndarray, proposed: np.ndarray, steps: int) -> np.ndarray:
+        shape = (steps, len(proposed))
         if self.rate == 1.0:
-            return np.array(proposed, dtype=np.int64)
-        return np.minimum(self._rng.geometric(1.0 - self.rate, size=len(proposed)) - 1, proposed)
+            return np.broadcast_to(np.asarray(proposed, dtype=np.int64), shape).copy()
+        return np.minimum(self._rng.geometric(1.0 - self.rate, size=shape) - 1, proposed)
 
     def expected_rate(self) -> float:
         return self.rate

@@ -136,7 +136,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     result = run_simulation(config)
-    write_result(result, args.out)
+    write_result(result, args.out, args.format)
     s = result.summary
     print(f"{s['requests']} requests, {s['steps']} steps, {s['simulated_seconds']:.1f} s simulated in "
           f"{s['wall_seconds']:.2f} s wall")
@@ -161,11 +161,26 @@ def _floats(flag: str, text: str) -> list[float]:
 
 
 def _progress(quiet: bool) -> Callable[[int, int], None] | None:
-    if quiet or not sys.stderr.isatty():
+    """Sweep progress on stderr, as ``progress(done, total)``: one line saying how many cells an earlier,
+    interrupted sweep already finished, then a tqdm bar (runs done / total, rate, ETA) when stderr is a
+    terminal. ``--quiet``: nothing."""
+    if quiet:
         return None
+    from tqdm import tqdm
+
+    bar: tqdm | None = None
 
     def show(done: int, total: int) -> None:
-        print(f"\r{done}/{total} runs", end="\n" if done == total else "", file=sys.stderr, flush=True)
+        nonlocal bar
+        if bar is None:
+            if done:
+                print(f"{done} of {total} cells already done; running the other {total - done}", file=sys.stderr)
+            bar = tqdm(total=total, initial=done, unit="run", desc="sweep", file=sys.stderr,
+                       disable=not sys.stderr.isatty())
+        else:
+            bar.update(done - bar.n)
+        if done == total:
+            bar.close()
 
     return show
 
@@ -175,13 +190,15 @@ def _sweep_and_plot(args: argparse.Namespace, base: SimConfig, policies: list[st
     """Run the sweep grid into ``args.out`` and draw its figures; return (summary, figure paths)."""
     from simulator import plots
     from simulator.runner import run_simulation
-    from simulator.sweep import LocalExecutor, build_cells, parse_policy_spec, run_sweep
+    from simulator.executors import make_executor
+    from simulator.sweep import build_cells, parse_policy_spec, run_sweep
 
     for rate in rates:
         if rate <= 0:
             raise UserError(f"--rates: every rate must be > 0, got {rate:g}")
     cells = build_cells(base, rates, policies, seeds, grid)
-    summary = run_sweep(cells, args.out, LocalExecutor(args.workers), _progress(args.quiet))
+    with make_executor(args.workers, getattr(args, "cluster", None)) as executor:  # the demo has no --cluster
+        summary = run_sweep(cells, args.out, executor, _progress(args.quiet))
     out = Path(args.out)
     figures = [plots.plot_latency_vs_rate(summary, out / "latency_vs_rate.png")]
     if "no-spec" in set(summary["policy"]):
@@ -291,11 +308,16 @@ def cmd_bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
-def _add_run_flags(parser: argparse.ArgumentParser, out_default: str | None = None) -> None:
-    from simulator.sweep import default_workers
+def _add_run_flags(parser: argparse.ArgumentParser, out_default: str | None = None, cluster: bool = False) -> None:
+    """``--out``, ``--workers``, ``--quiet``; and ``--cluster`` when the command can run on a Dask cluster."""
+    from simulator.executors import default_workers
 
     parser.add_argument("--out", required=out_default is None, default=out_default, help="output folder")
-    parser.add_argument("--workers", type=int, default=default_workers(), help="worker processes")
+    parser.add_argument("--workers", type=int, default=default_workers(), help="local worker processes")
+    if cluster:
+        parser.add_argument("--cluster", metavar="tcp://HOST:PORT",
+                            help="run the cells on this Dask distributed scheduler instead of local workers "
+                                 "(the dist extra; workers need specsim and the input files at the same paths)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
 
 
@@ -305,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim = sub.add_parser("simulate", help="run one simulation")
     add_config_flags(sim)
     sim.add_argument("--out", required=True, help="output folder")
+    sim.add_argument("--format", choices=("auto", "csv", "parquet"), default="auto",
+                     help="per-request (and per-step) tables: parquet, csv, or auto = parquet when pyarrow is "
+                          "importable (default auto)")
     sim.set_defaults(func=cmd_simulate)
 
     sweep = sub.add_parser("sweep", help="latency versus rate for several policies, in parallel")
@@ -314,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="policy specs NAME[:K][/PARAM=VALUE...], comma-separated")
     sweep.add_argument("--seeds", default="0", help="seeds, comma-separated")
     sweep.add_argument("--grid", action="append", metavar="FIELD=V1,V2", help="another sweep axis; repeatable")
-    _add_run_flags(sweep)
+    _add_run_flags(sweep, cluster=True)
     sweep.set_defaults(func=cmd_sweep)
 
     plot = sub.add_parser("plot", help="redraw a sweep's figures from its summary.csv")
@@ -328,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--seeds", default="0", help="seeds, comma-separated")
     tune.add_argument("--param", action="append", metavar="NAME=V1,V2",
                       help="a parameter's candidate values (k is the bound K_max); repeatable")
-    _add_run_flags(tune)
+    _add_run_flags(tune, cluster=True)
     tune.set_defaults(func=cmd_tune)
 
     demo = sub.add_parser("demo", help="the default demo (what no arguments runs)")

@@ -18,6 +18,17 @@ Semantics (vLLM terms):
   costs draft + verification + overhead (:func:`policies.step_time.predict_step_seconds`), draws accepted
   a_i in [0, k_i] from the acceptance model and appends min(a_i + 1, tokens still needed) tokens.
 
+Runs of steps: when the policy is *stationary* (its proposals depend only on which requests run:
+no-spec, fixed-k, threshold on the running count) and a draft model or nobody proposes, the engine asks
+the policy once and simulates up to ``run_steps`` decode steps of the unchanged batch in one SimPy event:
+the acceptance draws of the run come in one call, and the run ends at the step in which a request
+finishes, before a step whose KV blocks would not fit (that step goes through the per-step path, which
+preempts), or with the step during which the next request arrives when the queue is empty (so the
+arrival is admitted at the same step boundary as step by step). Each step keeps its own time from the
+cost model, so a run is the same steps at the same times; only the random stream is consumed in
+blocks, so runs and single steps give statistically equal, not identical, results with speculation
+(and identical ones without).
+
 Bookkeeping: ``ctx`` = tokens in a running request's KV cache before the next decode step
 = prompt + generated - 1 (the newest token enters the cache in the pass that verifies the next ones).
 A mixed chunked step costs its decode part plus its prefill part (an additive approximation: one fixed
@@ -32,7 +43,7 @@ import numpy as np
 import simpy
 
 from policies.base import BatchView, Policy, StepOutcome
-from policies.step_time import predict_step_seconds
+from policies.step_time import StepShape, predict_step_seconds, shape_seconds
 from simulator.acceptance import AcceptanceModel
 from simulator.cost_model import CostModel
 from simulator.errors import UserError
@@ -57,6 +68,8 @@ class EngineSpec:
     ngram_match_prob: float
     speculative: bool
     """False when the policy can never speculate (k bound 0): the draft model then costs nothing."""
+    run_steps: int = 64
+    """Most decode steps simulated in one event for a stationary policy (1: always step by step)."""
 
 
 class ServingEngine:
@@ -90,6 +103,9 @@ class ServingEngine:
         self.ctx = _EMPTY
         self.left = _EMPTY
         self.blocks = _EMPTY
+        # n-gram lookups hit or miss step by step, so only a draft model (or no speculation) runs steps together
+        self.runs = (spec.run_steps > 1 and getattr(policy, "stationary", False) and not spec.chunked_prefill
+                     and (spec.draft_proposer or not spec.speculative))
 
     # -- set-up ---------------------------------------------------------------------------------
     def _check_fits(self) -> None:
@@ -134,6 +150,8 @@ class ServingEngine:
                 yield from self._chunked_step()
             elif self._admit_prefill():
                 yield from self._prefill_step()
+            elif self.runs:
+                yield from self._decode_run()
             else:
                 yield from self._decode_step()
 
@@ -315,8 +333,9 @@ class ServingEngine:
         """Draft passes + verification + overhead of the decode batch (the policies' formula)."""
         return predict_step_seconds(self.cost, self.ctx, proposed, self.spec.draft_proposer)
 
-    def _decode_step(self):
-        proposed = self._propose()
+    def _decode_step(self, proposed: np.ndarray | None = None):
+        if proposed is None:
+            proposed = self._propose()
         self._reserve_decode_blocks(proposed)
         proposed = proposed[: self.rid.size]
         seconds = self._decode_seconds(proposed)
@@ -341,12 +360,92 @@ class ServingEngine:
         self.rec.step(start, seconds, kind, rid.size, prefill_tokens, self.spec.num_gpu_blocks - self.free_blocks,
                       len(self.waiting), proposed, accepted, emitted)
         self.policy.observe(StepOutcome(now, rid, proposed, accepted, seconds))
+        self._retire(now)
+
+    def _retire(self, now: float) -> None:
+        """Free the requests that have emitted all their tokens."""
         done = self.left == 0
         if done.any():
-            for r in rid[done].tolist():
+            for r in self.rid[done].tolist():
                 self.rec.finish(r, now)
                 self.acceptance.finish(r)
                 self.policy.finish(r)
             self.free_blocks += int(self.blocks[done].sum())
             keep = ~done
-            self.rid, self.ctx, self.left, self.blocks = rid[keep], self.ctx[keep], self.left[keep], self.blocks[keep]
+            self.rid, self.ctx, self.left, self.blocks = (self.rid[keep], self.ctx[keep], self.left[keep],
+                                                          self.blocks[keep])
+
+    # -- runs of decode steps (stationary policies) ----------------------------------------------
+    def _decode_run(self):
+        """Up to ``run_steps`` decode steps of the unchanged batch in one event (see the module docstring)."""
+        proposed = self._propose()
+        batch, bs = self.rid.size, self.spec.block_size
+        # Bound the run before drawing: every step emits >= 1 token per request, and steps only grow longer
+        # (contexts grow), so no run outlasts the first finish or the step the next arrival falls into.
+        n = min(self.spec.run_steps, int(self.left.min()))
+        if not self.waiting and self.arrived < len(self.workload):
+            first = self._decode_seconds(proposed)
+            n = min(n, int((self.workload.arrival_time[self.arrived] - self.env.now) / first) + 1)
+        if proposed.any():
+            accepted = self.acceptance.draw_steps(self.rid, proposed, n)
+        else:
+            accepted = np.zeros((n, batch), dtype=np.int64)
+        emitted = np.cumsum(accepted + 1, axis=0)  # tokens after steps 0..j, before the per-request cap
+        before = np.vstack([np.zeros((1, batch), dtype=np.int64), emitted[:-1]])
+        ctx = self.ctx + before  # (steps, batch): context before each step
+        need = (ctx + proposed + bs) // bs  # blocks during each step: ceil((ctx + k + 1) / bs)
+        grow = np.maximum(need - self.blocks, 0).sum(axis=1)  # non-decreasing in the step
+        n = min(n, int(np.searchsorted(grow, self.free_blocks, side="right")))  # steps whose blocks fit
+        finishing = (emitted >= self.left).any(axis=1)
+        if finishing[:n].any():
+            n = int(np.argmax(finishing)) + 1
+        if n == 0:
+            yield from self._decode_step(proposed)  # this step must preempt
+            return
+        starts, seconds = self._run_times(ctx, proposed, n)
+        n = len(seconds)
+        start, end = starts[0], starts[-1] + seconds[-1]
+        yield self.env.timeout(end - start)
+        capped = np.minimum(emitted[n - 1], self.left)
+        used_before = self.spec.num_gpu_blocks - self.free_blocks
+        self.free_blocks -= int(grow[n - 1])
+        self.blocks = np.maximum(self.blocks, need[n - 1])
+        self.ctx = self.ctx + capped
+        self.left = self.left - capped
+        self.generated[self.rid] += capped
+        if proposed.any():
+            self.rec.decode(self.rid, proposed * n, accepted[:n].sum(axis=0), steps=n)
+        if self.rec.steps is not None:
+            per_step = np.diff(np.minimum(emitted[:n], self.left + capped), axis=0, prepend=0)
+            for j in range(n):
+                self.rec.step(starts[j], seconds[j], "decode", batch, 0, used_before + int(grow[j]),
+                              len(self.waiting), proposed, accepted[j], per_step[j])
+        else:
+            self.rec.num_steps += n
+        self._retire(self.env.now)
+
+    def _run_times(self, ctx: np.ndarray, proposed: np.ndarray, n: int) -> tuple[list[float], list[float]]:
+        """Start and duration (s) of each step of a run; cut after the step during which the next request
+        arrives when nobody waits (then it is admitted at the same boundary as step by step)."""
+        batch = self.rid.size
+        query = int(proposed.sum()) + batch
+        contexts = ctx[:n].sum(axis=1).tolist()
+        k_max = int(proposed.max()) if batch else 0
+        if k_max:
+            reach = proposed[:, None] >= np.arange(1, k_max + 1)  # (batch, pass): request i drafts in pass p
+            seqs = reach.sum(axis=0)
+            draft_ctx = (ctx[:n] @ reach + seqs * np.arange(k_max)).tolist()  # (steps, pass)
+            seqs = seqs.tolist()
+        arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
+                   else np.inf)
+        t = self.env.now
+        starts, seconds = [], []
+        for j in range(n):
+            passes = tuple(zip(seqs, draft_ctx[j])) if k_max else ()
+            step = shape_seconds(self.cost, StepShape(batch, query, contexts[j], passes), self.spec.draft_proposer)
+            starts.append(t)
+            seconds.append(step)
+            t = t + step
+            if t > arrival:
+                break
+        return starts, seconds

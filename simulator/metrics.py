@@ -56,11 +56,12 @@ class Recorder:
     def preempt(self, rid: int, t: float) -> None:
         self.preemptions[rid] += 1
 
-    def decode(self, rid: np.ndarray, proposed: np.ndarray, accepted: np.ndarray) -> None:
-        """Speculative outcome of one step (request ids are unique within a step)."""
+    def decode(self, rid: np.ndarray, proposed: np.ndarray, accepted: np.ndarray, steps: int = 1) -> None:
+        """Speculative outcome of ``steps`` steps of one batch: tokens proposed and accepted per request over
+        them (request ids are unique within a batch)."""
         self.proposed[rid] += proposed
         self.accepted[rid] += accepted
-        self.spec_steps[rid] += proposed > 0
+        self.spec_steps[rid] += steps * (proposed > 0)
 
     def step(self, start: float, seconds: float, kind: str, batch_size: int, prefill_tokens: int,
              kv_blocks_used: int, num_waiting: int, proposed: np.ndarray | None = None,

@@ -6,6 +6,7 @@ the others and the same config gives the same results bit for bit.
 """
 from __future__ import annotations
 
+import importlib.util
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from simulator.engine import EngineSpec, ServingEngine
 from simulator.errors import UserError
 from simulator.memory import num_gpu_blocks
 from simulator.metrics import Recorder, summarize
-from simulator.results import write_csv, write_json
+from simulator.results import atomic_write, write_csv, write_json
 from simulator.workload import Workload, build_workload
 
 
@@ -95,11 +96,38 @@ def run_simulation(config: SimConfig, workload: Workload | None = None) -> SimRe
     return SimResult(config, requests, steps, summary)
 
 
-def write_result(result: SimResult, out_dir: str | Path) -> None:
-    """Write ``config.json``, ``requests.csv``, ``steps.csv`` (if recorded) and, last, ``summary.json``."""
+#: Formats of the per-request and per-step tables (``--format``); ``auto`` is Parquet when pyarrow is importable.
+TABLE_FORMATS = ("auto", "csv", "parquet")
+
+
+def table_format(fmt: str) -> str:
+    """Resolve ``--format``: ``auto`` -> ``parquet`` if pyarrow is importable, else ``csv``."""
+    if fmt not in TABLE_FORMATS:
+        raise UserError(f"--format: expected one of {', '.join(TABLE_FORMATS)} (got {fmt!r})")
+    has_pyarrow = importlib.util.find_spec("pyarrow") is not None
+    if fmt == "parquet" and not has_pyarrow:
+        raise UserError("--format parquet: needs pyarrow (pip install pyarrow), or use --format csv")
+    if fmt == "auto":
+        return "parquet" if has_pyarrow else "csv"
+    return fmt
+
+
+def _write_parquet(path: Path, frame: pd.DataFrame) -> None:
+    # atomic_write hands over a text file; Parquet goes to its binary buffer.
+    atomic_write(path, lambda f: frame.to_parquet(f.buffer, engine="pyarrow", index=False))
+
+
+def write_result(result: SimResult, out_dir: str | Path, fmt: str = "auto") -> None:
+    """Write ``config.json``, ``requests.<fmt>``, ``steps.<fmt>`` (if recorded) and, last, ``summary.json``.
+
+    ``fmt`` (see :func:`table_format`): ``csv``, ``parquet`` (smaller and faster for large runs; needs
+    pyarrow, which specsim does not require) or ``auto``. Both keep every float bit for bit.
+    """
     out = Path(out_dir)
+    kind = table_format(fmt)
+    write_table = write_csv if kind == "csv" else _write_parquet
     write_json(out / "config.json", result.config.to_dict())
-    write_csv(out / "requests.csv", result.requests)
+    write_table(out / f"requests.{kind}", result.requests)
     if result.steps is not None:
-        write_csv(out / "steps.csv", result.steps)
+        write_table(out / f"steps.{kind}", result.steps)
     write_json(out / "summary.json", result.summary)

@@ -1,10 +1,12 @@
 """Sweeps: a grid of independent runs (rate x policy x seed x any config field) run in parallel.
 
-Each cell is one resolved :class:`SimConfig`, keyed by :func:`config_hash`. A finished cell is written at
+Each cell is one resolved :class:`SimConfig`, keyed by :func:`config_hash`. The cells run on an executor
+(:mod:`simulator.executors`: local worker processes or a Dask cluster). A finished cell is written at
 once and atomically to ``DIR/runs/<hash>.json`` (its summary row), so a sweep killed half-way and started
-again runs only the missing cells; ``DIR/summary.csv`` (one row per cell, tidy) is rebuilt from those
-files and written atomically when the grid is done, so an incomplete sweep never leaves a summary that
-looks complete.
+again runs only the missing cells. ``DIR/summary.csv`` (one row per cell, tidy) is rebuilt from those
+files and written atomically when the grid is done; a sweep that has cells left to run deletes an older
+``summary.csv`` before it starts, so the file exists only when it describes a finished grid: a sweep
+killed half-way leaves ``runs/`` and no summary.
 
 Policy specs: ``name`` or ``name:k`` (``fixed-k:3`` is fixed-k with k = 3; ``goodput`` uses the base k as
 K_max). The ``policy`` column holds the spec as given, so each line of a figure is one spec.
@@ -13,17 +15,18 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import pandas as pd
 
 from simulator.config import SimConfig, config_hash
 from simulator.errors import UserError
+from simulator.executors import Executor, LocalExecutor
 from simulator.results import write_csv, write_json
+
+__all__ = ["Cell", "LocalExecutor", "build_cells", "parse_grid", "parse_policy_spec", "run_cell", "run_sweep"]
 
 
 @dataclass(frozen=True)
@@ -106,34 +109,23 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     return row
 
 
-# -- executors -----------------------------------------------------------------------------------
-class LocalExecutor:
-    """Runs cells in worker processes on this machine (1 worker: in this process)."""
-
-    def __init__(self, workers: int) -> None:
-        if workers < 1:
-            raise UserError(f"--workers must be >= 1, got {workers}")
-        self.workers = workers
-
-    def map_unordered(self, fn: Callable[[Cell], dict], cells: list[Cell]) -> Iterator[dict]:
-        if self.workers == 1:
-            yield from (fn(c) for c in cells)
-            return
-        with ProcessPoolExecutor(max_workers=self.workers) as pool:
-            futures = [pool.submit(fn, c) for c in cells]
-            for future in as_completed(futures):
-                yield future.result()
-
-
-def run_sweep(cells: list[Cell], out_dir: str | Path, executor: LocalExecutor,
+def run_sweep(cells: list[Cell], out_dir: str | Path, executor: Executor,
               progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
-    """Run the cells not already done in ``out_dir``; write ``summary.csv``; return it."""
+    """Run the cells not already done in ``out_dir`` on ``executor``; write ``summary.csv``; return it.
+
+    Each finished cell is written at once to ``runs/<hash>.json``. When cells are left to run, a
+    ``summary.csv`` from an earlier sweep into the same folder is removed first, so the file exists only
+    while it describes a finished grid. ``progress(done, total)`` is called before the first run (with
+    the cells already done) and after each one.
+    """
     out = Path(out_dir)
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     done = {p.stem for p in runs.glob("*.json")}
     todo = [c for c in cells if c.key not in done]
     finished = len(cells) - len(todo)
+    if todo:
+        (out / "summary.csv").unlink(missing_ok=True)
     if progress:
         progress(finished, len(cells))
     for row in executor.map_unordered(run_cell, todo):
@@ -141,14 +133,6 @@ def run_sweep(cells: list[Cell], out_dir: str | Path, executor: LocalExecutor,
         finished += 1
         if progress:
             progress(finished, len(cells))
-    rows = []
-    for cell in cells:
-        path = runs / f"{cell.key}.json"
-        rows.append(json.loads(path.read_text()))
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame([json.loads((runs / f"{cell.key}.json").read_text()) for cell in cells])
     write_csv(out / "summary.csv", frame)
     return frame
-
-
-def default_workers() -> int:
-    return max(1, min(len(os.sched_getaffinity(0)), 8))

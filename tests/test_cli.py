@@ -22,7 +22,7 @@ def test_simulate_writes_requests_summary_config_and_steps(capsys, cost_json, tm
     out = tmp_path / "run1"
     code, stdout, _ = run_cli(capsys, "simulate", "--profile", cost_json(per_batched_token=1e-4), "--policy",
                               "fixed-k", "--k", "4", "--rate", "6", "--num-requests", "200", "--seed", "0",
-                              "--num-gpu-blocks", "5000", "--save-steps", "--out", str(out))
+                              "--num-gpu-blocks", "5000", "--save-steps", "--format", "csv", "--out", str(out))
     assert code == 0
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "requests.csv", "steps.csv", "summary.json"]
     requests = pd.read_csv(out / "requests.csv")
@@ -43,8 +43,9 @@ def test_simulate_writes_requests_summary_config_and_steps(capsys, cost_json, tm
 def test_a_saved_config_reruns_to_the_same_results(capsys, cost_json, tmp_path):
     first, second = tmp_path / "a", tmp_path / "b"
     run_cli(capsys, "simulate", "--profile", cost_json(), "--policy", "fixed-k", "--rate", "3",
-            "--num-requests", "100", "--acceptance", "beta", "--num-gpu-blocks", "5000", "--out", str(first))
-    run_cli(capsys, "simulate", "--config", str(first / "config.json"), "--out", str(second))
+            "--num-requests", "100", "--acceptance", "beta", "--num-gpu-blocks", "5000", "--format", "csv",
+            "--out", str(first))
+    run_cli(capsys, "simulate", "--config", str(first / "config.json"), "--format", "csv", "--out", str(second))
     assert (first / "requests.csv").read_bytes() == (second / "requests.csv").read_bytes()
 
 
@@ -133,7 +134,7 @@ def test_policy_file_registers_a_user_policy(capsys, cost_json, tmp_path):
     out = tmp_path / "o"
     code, _, err = run_cli(capsys, "simulate", "--profile", cost_json(), "--policy-file", str(policy_file),
                            "--policy", "every-other", "--k", "2", "--rate", "2", "--num-requests", "40",
-                           "--num-gpu-blocks", "5000", "--out", str(out))
+                           "--num-gpu-blocks", "5000", "--format", "csv", "--out", str(out))
     assert code == 0, err
     requests = pd.read_csv(out / "requests.csv")
     assert (requests.loc[requests.request_id % 2 == 1, "proposed_tokens"] == 0).all()

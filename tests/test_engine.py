@@ -203,3 +203,54 @@ def test_memory_budget_derives_the_cache(cost_json):
     # (80 * 0.9 - 12.6 - 2) GiB / (16 tokens * 512 KiB) = 57.4 GiB / 8 MiB
     assert plain.summary["num_gpu_blocks"] == int((80 * 0.9 - 12.6 - 2.0) * 1024 ** 3 // (16 * 524288))
     assert spec.summary["num_gpu_blocks"] < plain.summary["num_gpu_blocks"], "the draft holds weights and KV too"
+
+
+def run_engine(cost_path: str, config: SimConfig, run_steps: int):
+    """The engine on ``config``'s workload with runs of at most ``run_steps`` steps (1: step by step)."""
+    import simpy
+
+    from policies import make_policy
+    from simulator.acceptance import make_acceptance
+    from simulator.cost_model import load_cost_model
+    from simulator.engine import EngineSpec, ServingEngine
+    from simulator.metrics import Recorder
+    from simulator.workload import build_workload
+
+    rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(4)]
+    wl = build_workload(config, rngs[0], rngs[1])
+    cost = load_cost_model(cost_path, "linear")
+    spec = EngineSpec(config.max_num_seqs, config.max_num_batched_tokens, config.block_size, config.num_gpu_blocks,
+                      False, config.k, True, 0.5, config.policy != "no-spec", run_steps=run_steps)
+    env = simpy.Environment()
+    rec = Recorder(wl.arrival_time, wl.prompt_tokens, wl.output_tokens, save_steps=True)
+    ServingEngine(env, spec, wl, cost, make_policy(config.policy, config.k), cost,
+                  make_acceptance(config, rngs[2]), rngs[3], rec).start()
+    env.run()
+    return rec
+
+
+def test_runs_of_steps_equal_single_steps_without_speculation(cost_json):
+    """Without randomness a run of steps is exactly the same steps at the same times."""
+    cost = cost_json(target=0.01, per_batched_token=1e-4, per_context_token=1e-7, prefill=0.005,
+                     per_prompt_token=1e-5)
+    config = SimConfig(rate=20.0, num_requests=300, length_dist="lognormal", prompt_len=100, output_len=60,
+                       max_prompt_len=800, max_output_len=400, num_gpu_blocks=120, block_size=16, max_num_seqs=32,
+                       seed=11)
+    single, runs = run_engine(cost, config, 1), run_engine(cost, config, 64)
+    assert runs.num_steps == single.num_steps
+    assert runs.preemptions.sum() == single.preemptions.sum() > 0
+    np.testing.assert_allclose(runs.finish_time, single.finish_time, rtol=0, atol=1e-9)
+    np.testing.assert_allclose(runs.first_token_time, single.first_token_time, rtol=0, atol=1e-9)
+    step_cols = ["start_time", "seconds", "batch_size", "emitted", "kv_blocks_used"]
+    np.testing.assert_allclose(runs.steps_frame()[step_cols].to_numpy(float),
+                               single.steps_frame()[step_cols].to_numpy(float), atol=1e-9)
+
+
+def test_runs_of_steps_match_single_steps_statistically_with_speculation(cost_json):
+    cost = cost_json(target=0.01, per_batched_token=1e-4, draft=0.001)
+    config = SimConfig(rate=20.0, num_requests=3000, prompt_len=32, output_len=40, num_gpu_blocks=100_000,
+                       policy="fixed-k", k=4, acceptance_rate=0.7, seed=12)
+    single, runs = run_engine(cost, config, 1), run_engine(cost, config, 64)
+    latency = [np.mean(r.finish_time - r.arrival_time) for r in (single, runs)]
+    assert latency[1] == pytest.approx(latency[0], rel=0.03)
+    assert runs.acceptance_length() == pytest.approx(single.acceptance_length(), rel=0.01)
