@@ -3,8 +3,9 @@
 ``python run_sim.py bench [--sizes 10000,100000] [--policies no-spec,fixed-k]`` runs each case in a fresh
 process (so start-up is counted and peak memory is that run's own), with request lengths sampled from
 the Azure LLM 2023 conversation trace (Splitwise, ISCA 2024; CC-BY 4.0) when ``../shared/traces`` is
-present, else a lognormal of similar medians; Poisson arrivals at 4 req/s; the shipped 7B-class cost
-model. It prints a table; the figures are noisy on shared machines, so compare ratios, not seconds.
+present, else a lognormal of similar medians; Poisson arrivals at 4 req/s; the shipped analytical
+Llama-2-7B (A100-80GB) cost model, the setting Vidur's reference numbers come from. It prints a table;
+the figures are noisy on shared machines, so compare ratios, not seconds.
 """
 from __future__ import annotations
 
@@ -20,8 +21,12 @@ AZURE_CONV = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_
     "AzureLLMInferenceTrace_conv.csv"
 
 
+BENCH_PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "data" / \
+    "a100-80gb-analytical__llama-2-7b__llama-68m.csv"
+
+
 def _case_config(size: int, policy: str) -> dict:
-    config = {"rate": 4.0, "num_requests": size, "policy": policy, "k": 4, "seed": 0}
+    config = {"rate": 4.0, "num_requests": size, "policy": policy, "k": 4, "seed": 0, "profile": str(BENCH_PROFILE)}
     if AZURE_CONV.exists():
         config.update(length_dist="file", length_file=str(AZURE_CONV))
     else:
@@ -50,7 +55,7 @@ def main(argv: list[str]) -> int:
         _child(args.child)
         return 0
     lengths = "Azure conv trace lengths" if AZURE_CONV.exists() else "lognormal lengths (trace absent)"
-    print(f"Poisson 4 req/s, {lengths}, shipped 7B-class profile, k=4 for fixed-k")
+    print(f"Poisson 4 req/s, {lengths}, {BENCH_PROFILE.name}, k=4 for fixed-k")
     print(f"{'requests':>9} {'policy':>8} {'steps':>9} {'process s':>10} {'req/s':>9} {'sim-only req/s':>15} "
           f"{'peak MB':>8}")
     for size in [int(s) for s in args.sizes.split(",")]:
