@@ -203,7 +203,9 @@ def _sweep_and_plot(args: argparse.Namespace, base: SimConfig, policies: list[st
     figures = [plots.plot_latency_vs_rate(summary, out / "latency_vs_rate.png")]
     if "no-spec" in set(summary["policy"]):
         figures.append(plots.plot_speedup(summary, out / "speedup.png"))
-    adaptive = [p for p in policies if parse_policy_spec(p)[0] not in plots.STATIC]
+    # the k-over-time figure follows goodput if the sweep has it, else the first other non-static policy
+    adaptive = sorted((p for p in policies if parse_policy_spec(p)[0] not in plots.STATIC),
+                      key=lambda p: parse_policy_spec(p)[0] != "goodput")
     if adaptive:
         rate = rates[len(rates) // 2]
         name, k, params = parse_policy_spec(adaptive[0])

@@ -90,5 +90,5 @@ def plot_k_over_time(steps: pd.DataFrame, path: str | Path, label: str) -> str:
     ax.set_ylabel("k chosen")
     ax2.set_ylabel("running requests")
     ax.set_title(f"k chosen over time: {label}")
-    fig.legend(loc="upper right", fontsize=8)
+    fig.legend(loc="lower right", fontsize=8, bbox_to_anchor=(0.9, 0.12))
     return _save(fig, path)
