@@ -1,4 +1,4 @@
-"""Shared fixtures: hand-written cost models and the location of the shared traces."""
+"""Shared fixtures: hand-written cost models, a user policy file, and the location of the shared traces."""
 from __future__ import annotations
 
 import json
@@ -38,9 +38,16 @@ def cost_json(tmp_path):
     return make
 
 
-def trace(name: str) -> Path:
-    """A shared trace file, or skip the test when the shared folder is absent."""
-    path = TRACES / name
-    if not path.exists():
-        pytest.skip(f"shared trace {path} not present")
+@pytest.fixture
+def every_other_policy(tmp_path) -> Path:
+    """A user policy file registering ``every-other``: k for even request ids, 0 for odd ones."""
+    path = tmp_path / "every_other.py"
+    path.write_text(
+        "import numpy as np\n"
+        "from policies import Policy, register\n\n"
+        "@register\n"
+        "class EveryOther(Policy):\n"
+        "    name = 'every-other'\n"
+        "    def propose(self, view):\n"
+        "        return np.where(view.request_ids % 2 == 0, self.k, 0)\n")
     return path

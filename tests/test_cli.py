@@ -121,16 +121,8 @@ def test_a_user_error_from_the_real_process_has_no_traceback(tmp_path):
     assert done.stderr.strip() == "error: config: rate must be > 0, got -3.0"
 
 
-def test_policy_file_registers_a_user_policy(capsys, cost_json, tmp_path):
-    policy_file = tmp_path / "my_policy.py"
-    policy_file.write_text(
-        "import numpy as np\n"
-        "from policies import Policy, register\n\n"
-        "@register\n"
-        "class EveryOther(Policy):\n"
-        "    name = 'every-other'\n"
-        "    def propose(self, view):\n"
-        "        return np.where(view.request_ids % 2 == 0, self.k, 0)\n")
+def test_policy_file_registers_a_user_policy(capsys, cost_json, tmp_path, every_other_policy):
+    policy_file = every_other_policy
     out = tmp_path / "o"
     code, _, err = run_cli(capsys, "simulate", "--profile", cost_json(), "--policy-file", str(policy_file),
                            "--policy", "every-other", "--k", "2", "--rate", "2", "--num-requests", "40",

@@ -49,16 +49,8 @@ def test_a_sweep_on_a_dask_cluster_equals_the_local_sweep_bit_for_bit(dask_clust
     pd.testing.assert_frame_equal(local, distributed)
 
 
-def test_a_policy_file_works_on_dask_workers(dask_cluster, cost_json, tmp_path, capsys):
-    policy_file = tmp_path / "every_other.py"
-    policy_file.write_text(
-        "import numpy as np\n"
-        "from policies import Policy, register\n\n"
-        "@register\n"
-        "class EveryOther(Policy):\n"
-        "    name = 'every-other'\n"
-        "    def propose(self, view):\n"
-        "        return np.where(view.request_ids % 2 == 0, self.k, 0)\n")
+def test_a_policy_file_works_on_dask_workers(dask_cluster, cost_json, tmp_path, capsys, every_other_policy):
+    policy_file = every_other_policy
     code = main(["sweep", "--profile", cost_json(), "--policy-file", str(policy_file), "--policies",
                  "every-other:2", "--rates", "1,2,3", "--num-requests", "10", "--num-gpu-blocks", "5000",
                  "--cluster", dask_cluster, "--quiet", "--out", str(tmp_path / "o")])

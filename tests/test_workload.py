@@ -9,8 +9,8 @@ import pytest
 from simulator.config import SimConfig
 from simulator.errors import UserError
 from simulator.workload import Workload, build_workload, read_lengths, read_trace
+from tests.conftest import TRACES
 
-TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 AZURE_CONV = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
 AZURE_CODE = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"
 MOONCAKE = TRACES / "mooncake" / "conversation.csv"
