@@ -10,6 +10,14 @@ Report (no torch needed)::
 
     run_sim.py profile --report PROFILE.csv [--plot fit.png]
 
+Profile the real serving engine's own passes (:mod:`profiles.engine_profile`; CPU, float32)::
+
+    run_sim.py profile --engine --pair smollm2 --out profiles/data/cpu__smollm2-135m__smollm2-draft.csv
+
+Measure the acceptance of the real pair on the shipped prompts (:mod:`profiles.acceptance`)::
+
+    run_sim.py profile --acceptance --pair smollm2 --k 5 --out profiles/data/acceptance__smollm2.csv
+
 Bad input raises :class:`UserError` (one line; exit status 2).
 """
 from __future__ import annotations
@@ -56,12 +64,13 @@ def build_parser() -> _Parser:
     p.add_argument("--target", help="target model: a shipped name (profiles/models) or a config.json path")
     p.add_argument("--draft", help="draft model (optional): a shipped name or a config.json path")
     p.add_argument("--out", help="profile CSV to write (its metadata goes beside it, <stem>.meta.json)")
-    p.add_argument("--batch-sizes", default=_csv(GPU_GRID.batch_sizes), help="sequences per pass")
-    p.add_argument("--query-lens", default=_csv(GPU_GRID.query_lens), help="target verify tokens per sequence (k+1)")
-    p.add_argument("--context-lens", default=_csv(GPU_GRID.context_lens), help="cached tokens per sequence")
-    p.add_argument("--prefill-lens", default=_csv(GPU_GRID.prefill_lens), help="prompt lengths ('none': no prefill)")
-    p.add_argument("--max-prefill-tokens", type=int, default=GPU_GRID.max_prefill_tokens,
-                   help="leave out prefill points with batch x prompt above this many tokens")
+    p.add_argument("--batch-sizes", help=f"sequences per pass (default {_csv(GPU_GRID.batch_sizes)})")
+    p.add_argument("--query-lens", help=f"target verify tokens per sequence, k+1 (default {_csv(GPU_GRID.query_lens)})")
+    p.add_argument("--context-lens", help=f"cached tokens per sequence (default {_csv(GPU_GRID.context_lens)})")
+    p.add_argument("--prefill-lens", help=f"prompt lengths, 'none': no prefill (default {_csv(GPU_GRID.prefill_lens)})")
+    p.add_argument("--max-prefill-tokens", type=int,
+                   help=f"leave out prefill points with batch x prompt above this many tokens "
+                        f"(default {GPU_GRID.max_prefill_tokens})")
     p.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32")
     p.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when present)")
     p.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
@@ -73,21 +82,39 @@ def build_parser() -> _Parser:
                    help="with --scale-layers: measure the full depth too and report the extrapolation's error")
     p.add_argument("--weights", metavar="DIR", help="real weights: DIR/<model name>/ (from_pretrained) when present")
     p.add_argument("--max-memory-gb", type=float, help="use at most this much memory (GiB, weights included)")
-    p.add_argument("--warmup", type=int, default=TimingPolicy.warmup, help="untimed passes per point")
-    p.add_argument("--min-repeats", type=int, default=TimingPolicy.min_repeats, help="timed passes per point, at least")
-    p.add_argument("--max-repeats", type=int, default=TimingPolicy.max_repeats, help="timed passes per point, at most")
-    p.add_argument("--rel-tol", type=float, default=TimingPolicy.rel_tol,
-                   help="stop repeating when the running median moves less than this (relative)")
-    p.add_argument("--point-seconds", type=float, default=TimingPolicy.point_seconds,
-                   help="stop repeating a point after this many timed seconds")
+    p.add_argument("--warmup", type=int, help=f"untimed passes per point (default {TimingPolicy.warmup})")
+    p.add_argument("--min-repeats", type=int,
+                   help=f"timed passes per point, at least (default {TimingPolicy.min_repeats})")
+    p.add_argument("--max-repeats", type=int,
+                   help=f"timed passes per point, at most (default {TimingPolicy.max_repeats})")
+    p.add_argument("--rel-tol", type=float, help="stop repeating when the running median moves less than this "
+                   f"(relative; default {TimingPolicy.rel_tol})")
+    p.add_argument("--point-seconds", type=float,
+                   help=f"stop repeating a point after this many timed seconds (default {TimingPolicy.point_seconds})")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights, caches and tokens")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    real = p.add_argument_group("the real engine (--engine, --acceptance)")
+    real.add_argument("--engine", action="store_true", help="profile the real engine's passes (grid flags apply; "
+                      "default grid: the CPU validation grid)")
+    real.add_argument("--acceptance", action="store_true", help="measure the pair's acceptance on the shipped prompts")
+    real.add_argument("--pair", default="smollm2", help="models: smollm2 (SmolLM2-135M-Instruct + its draft) or tiny")
+    real.add_argument("--draft-path", help="folder of the draft (default: profiles/data/smollm2-draft)")
+    real.add_argument("--prefill-batch-sizes", help="--engine: prefill batch sizes (default 1,2,4,8)")
+    real.add_argument("--rounds", type=int, default=9, help="--engine: passes over the whole grid")
+    real.add_argument("--spread", type=float, default=0.5,
+                      help="--engine: decode batches hold sequences of lengths c (1 -+ spread)")
+    real.add_argument("--k", type=int, default=5, help="--acceptance: tokens proposed per step")
+    real.add_argument("--output-len", type=int, default=64, help="--acceptance: output tokens per prompt")
+    real.add_argument("--max-num-seqs", type=int, default=8, help="--acceptance: running requests at most")
+    real.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: sampling")
     return p
 
 
 def main(argv: list[str]) -> int:
     """Run the ``profile`` command; returns the exit status (user errors raise :class:`UserError`)."""
     args = build_parser().parse_args(argv)
+    if args.engine or args.acceptance:
+        return real_engine(args)
     if args.report:
         return report(args.report, args.plot)
     if args.plot:
@@ -106,6 +133,60 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def real_engine(args: argparse.Namespace) -> int:
+    """``--engine`` (profile the engine's passes) or ``--acceptance`` (measure acceptance) on ``--pair``."""
+    if args.engine and args.acceptance:
+        raise UserError("profile: --engine and --acceptance are separate runs; give one")
+    if not args.out:
+        raise UserError(f"profile {'--engine' if args.engine else '--acceptance'}: needs --out PATH")
+    try:
+        import torch
+    except ImportError as exc:
+        raise UserError(f"profile: the real engine needs the profile extra (pip install -e '.[profile]'): "
+                        f"{exc}") from None
+    from profiles.models_real import load_pair
+
+    torch.set_num_threads(args.threads or 1)
+    pair = load_pair(args.pair, args.draft_path)
+    if args.acceptance:
+        from profiles.acceptance import fit_report, measure_acceptance, write_trace
+
+        result = measure_acceptance(pair, args.k, args.output_len, args.max_num_seqs, args.temperature, args.seed)
+        write_trace(result, args.out)
+        print(fit_report(args.out))
+        return 0
+    from profiles.engine_profile import (CPU_GRID, CPU_PREFILL_BATCH_SIZES, CPU_TIMING, EngineProfileSettings,
+                                         profile_engine)
+
+    prefill_batches = CPU_PREFILL_BATCH_SIZES if args.prefill_batch_sizes is None else \
+        _ints("--prefill-batch-sizes", args.prefill_batch_sizes)
+    frame = profile_engine(pair, EngineProfileSettings(
+        out=args.out, grid=_grid(args, CPU_GRID), prefill_batch_sizes=prefill_batches, timing=_timing(args, CPU_TIMING),
+        rounds=args.rounds, spread=args.spread, temperature=args.temperature, threads=args.threads or 1,
+        seed=args.seed))
+    print(f"{args.out}: {len(frame)} rows of the {args.pair} engine's passes")
+    return 0
+
+
+def _grid(args: argparse.Namespace, default: Grid) -> Grid:
+    """The grid of the flags, each flag not given taken from ``default``."""
+    def axis(flag: str, value: str | None, fallback: tuple[int, ...], allow_empty: bool = False) -> tuple[int, ...]:
+        return fallback if value is None else _ints(flag, value, allow_empty)
+
+    return Grid(batch_sizes=axis("--batch-sizes", args.batch_sizes, default.batch_sizes),
+                query_lens=axis("--query-lens", args.query_lens, default.query_lens),
+                context_lens=axis("--context-lens", args.context_lens, default.context_lens),
+                prefill_lens=axis("--prefill-lens", args.prefill_lens, default.prefill_lens, allow_empty=True),
+                max_prefill_tokens=default.max_prefill_tokens if args.max_prefill_tokens is None
+                else args.max_prefill_tokens)
+
+
+def _timing(args: argparse.Namespace, default: TimingPolicy) -> TimingPolicy:
+    """The timing policy of the flags, each flag not given taken from ``default``."""
+    names = ("warmup", "min_repeats", "max_repeats", "rel_tol", "point_seconds")
+    return TimingPolicy(**{n: getattr(default, n) if getattr(args, n) is None else getattr(args, n) for n in names})
+
+
 def settings_from_args(args: argparse.Namespace) -> ProfileSettings:
     """Validated profiling settings from parsed flags (``--device auto``: cuda when torch sees one)."""
     scale = None
@@ -121,12 +202,8 @@ def settings_from_args(args: argparse.Namespace) -> ProfileSettings:
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    grid = Grid(batch_sizes=_ints("--batch-sizes", args.batch_sizes), query_lens=_ints("--query-lens", args.query_lens),
-                context_lens=_ints("--context-lens", args.context_lens),
-                prefill_lens=_ints("--prefill-lens", args.prefill_lens, allow_empty=True),
-                max_prefill_tokens=args.max_prefill_tokens)
-    timing = TimingPolicy(warmup=args.warmup, min_repeats=args.min_repeats, max_repeats=args.max_repeats,
-                          rel_tol=args.rel_tol, point_seconds=args.point_seconds)
+    grid = _grid(args, GPU_GRID)
+    timing = _timing(args, TimingPolicy())
     return ProfileSettings(target=args.target, draft=args.draft, out=args.out, grid=grid, dtype=args.dtype,
                            device=device, threads=args.threads, max_seconds=args.max_seconds,
                            num_layers=args.num_layers, scale_layers=scale, check_scaling=args.check_scaling,

@@ -194,3 +194,121 @@ def prefill_pass(model: PreTrainedModel, input_ids: torch.Tensor) -> tuple[torch
     out = model(input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=True,
                 logits_to_keep=1, **{_cache_kwarg(model): cache})
     return out.logits, cache
+
+
+# -- batches of unequal sequences: the serving engine's path ---------------------------------------
+class BatchCache:
+    """The KV cache of a batch of sequences of unequal lengths (the serving engine's running batch).
+
+    ``cache`` is one ``DynamicCache`` holding ``width`` slots per sequence; ``valid[i, j]`` says whether
+    slot ``j`` of sequence ``i`` holds one of its tokens. Invalid slots (left padding, and tokens that were
+    rolled back under sequences that kept more) are masked out of attention, so a sequence attends to
+    exactly its own tokens; a token's position id is the number of valid slots before it. New tokens are
+    appended on the right of every sequence at once (:func:`batch_pass`).
+    """
+
+    def __init__(self, cache: DynamicCache, valid: torch.Tensor) -> None:
+        self.cache = cache
+        self.valid = valid
+        """bool, ``(batch_size, width)``."""
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.valid.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.valid.shape[1])
+
+    def lengths(self) -> torch.Tensor:
+        """Tokens held per sequence (int64, ``(batch_size,)``)."""
+        return self.valid.sum(dim=1)
+
+
+def empty_batch_cache(model: PreTrainedModel, batch_size: int) -> BatchCache:
+    """A cache of ``batch_size`` sequences holding no tokens yet (for a prefill)."""
+    return BatchCache(DynamicCache(config=model.config),
+                      torch.zeros(batch_size, 0, dtype=torch.bool, device=model.device))
+
+
+@torch.inference_mode()
+def batch_pass(model: PreTrainedModel, batch: BatchCache, tokens: list[list[int]], logits_to_keep: int) -> torch.Tensor:
+    """Run ``tokens[i]`` (one or more new tokens) after the cached tokens of sequence ``i``, appending their KV.
+
+    The new tokens form a block of ``q = max len(tokens[i])`` slots per sequence, left-padded (the pad
+    slots invalid), so every sequence's last new token is in the block's last column. Returns the logits
+    of the block's last ``logits_to_keep`` columns, ``(batch_size, logits_to_keep, vocab)``.
+    """
+    device = model.device
+    lens = torch.tensor([len(t) for t in tokens], device=device)
+    q = int(lens.max())
+    ids = torch.zeros(len(tokens), q, dtype=torch.long, device=device)
+    for i, t in enumerate(tokens):
+        ids[i, q - len(t):] = torch.as_tensor(t, dtype=torch.long)
+    block = torch.arange(q, device=device)
+    new_valid = block >= (q - lens)[:, None]
+    positions = (batch.lengths()[:, None] - (q - lens)[:, None] + block).clamp(min=0)
+    valid = torch.cat([batch.valid, new_valid], dim=1)
+    out = model(input_ids=ids, position_ids=positions, attention_mask=valid.long(), use_cache=True,
+                logits_to_keep=logits_to_keep, **{_cache_kwarg(model): batch.cache})
+    batch.valid = valid
+    return out.logits
+
+
+@torch.inference_mode()
+def rollback(batch: BatchCache, keep: torch.Tensor) -> None:
+    """Drop tokens from the right end: of the last ``keep.shape[1]`` slots, sequence ``i`` keeps slot ``j``
+    only where ``keep[i, j]``; trailing slots that no sequence keeps are cropped from the cache."""
+    n = keep.shape[1]
+    batch.valid[:, batch.width - n:] &= keep
+    used = torch.nonzero(batch.valid.any(dim=0))
+    width = int(used.max()) + 1 if used.numel() else 0
+    if width < batch.width:
+        crop(batch.cache, batch.width - width)
+        batch.valid = batch.valid[:, :width]
+
+
+@torch.inference_mode()
+def select_rows(model: PreTrainedModel, batch: BatchCache, rows: list[int]) -> BatchCache:
+    """A new cache of sequences ``rows`` of ``batch`` (in that order), compacted (see :func:`merge`)."""
+    index = torch.as_tensor(rows, dtype=torch.long, device=batch.valid.device)
+    return _compacted(model, [(batch, index)])
+
+
+@torch.inference_mode()
+def merge(model: PreTrainedModel, parts: list[BatchCache]) -> BatchCache:
+    """One cache holding the sequences of ``parts`` in order, compacted: each sequence's tokens moved to
+    the right end of a width of the longest sequence's length, no invalid slot after its first token."""
+    return _compacted(model, [(part, None) for part in parts])
+
+
+def _compacted(model: PreTrainedModel, parts: list[tuple[BatchCache, torch.Tensor | None]]) -> BatchCache:
+    """The sequences of ``parts`` (all rows, or ``rows``), each moved to the right end of a common width."""
+    width = max(int((part.valid if rows is None else part.valid[rows]).sum(dim=1).max()) for part, rows in parts)
+    plans, valids = [], []
+    for part, rows in parts:
+        valid = part.valid if rows is None else part.valid[rows]
+        source = torch.arange(part.batch_size, device=valid.device) if rows is None else rows
+        # A stable sort puts each row's invalid slots first and its tokens after them, in order; a part
+        # narrower than the width reads its slot 0 for the padding (masked out, so any finite values do).
+        order = torch.argsort(valid.to(torch.int8), dim=1, stable=True)
+        order = order[:, part.width - width:] if part.width >= width else \
+            torch.nn.functional.pad(order, (width - part.width, 0))
+        valids.append(torch.arange(width, device=valid.device) >= (width - valid.sum(dim=1))[:, None])
+        keys = part.cache.layers[0].keys
+        heads, slots = keys.shape[1], keys.shape[2]
+        # One row gather per tensor: row (b, h, w) of the result is row (source[b], h, order[b, w]) of the part.
+        rows_index = (source[:, None, None] * heads + torch.arange(heads, device=valid.device)[:, None]) * slots
+        plans.append((part, (rows_index + order[:, None, :]).reshape(-1), (len(source), heads, width)))
+    cache = DynamicCache(config=model.config)
+    for layer, held in enumerate(cache.layers):
+        gathered = []
+        for name in ("keys", "values"):
+            pieces = [getattr(part.cache.layers[layer], name) for part, _, _ in plans]
+            pieces = [t.reshape(-1, t.shape[-1]).index_select(0, index).view(*shape, t.shape[-1])
+                      for t, (_, index, shape) in zip(pieces, plans)]
+            gathered.append(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
+        # Hand the gathered tensors to the layer as they are (``update`` would copy them once more).
+        held.lazy_initialization(*gathered)
+        held.keys, held.values = gathered
+    return BatchCache(cache, torch.cat(valids))

@@ -304,6 +304,14 @@ def cmd_profile(argv: list[str]) -> int:
     return profile_main(argv)
 
 
+def cmd_validate(argv: list[str]) -> int:
+    try:
+        from profiles.validate import main as validate_main
+    except ImportError as exc:
+        raise UserError(f"validate: needs the profile extra (pip install -e '.[profile]'): {exc}") from None
+    return validate_main(argv)
+
+
 def cmd_bench(argv: list[str]) -> int:
     from simulator.bench import main as bench_main
 
@@ -365,7 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: Commands that parse their own flags: name -> handler(argv).
-PASSTHROUGH: dict[str, Callable[[list[str]], int]] = {"profile": cmd_profile, "bench": cmd_bench}
+PASSTHROUGH: dict[str, Callable[[list[str]], int]] = {"profile": cmd_profile, "bench": cmd_bench,
+                                                      "validate": cmd_validate}
 
 
 def main(argv: list[str] | None = None) -> int:

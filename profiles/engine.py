@@ -1,0 +1,495 @@
+"""A real serving engine: Hugging Face models served with continuous batching and speculative decoding,
+driven by the simulator's policy objects and writing the simulator's per-request schema (DESIGN.md).
+
+Scheduling is the simulator's ``prefill-first`` (vLLM v0) with no KV-block limit (so no preemption):
+requests wait in a FCFS queue; a step either prefills newly admitted requests (at most ``max_num_seqs``
+running, at most ``max_num_batched_tokens`` prompt tokens in the step, a longer prompt alone) or decodes
+every running request. The prefill emits the first output token. Requests arrive on the wall clock: between
+steps the engine queues those whose arrival time has passed, and sleeps while it has nothing to do. Times
+are seconds since :meth:`ServingEngine.run` started; outputs have exactly the workload's lengths (the end of
+sequence token does not stop a request, as in vLLM's ``ignore_eos`` benchmarks).
+
+A decode step asks the policy for k_i per request (a :class:`policies.base.BatchView` like the simulator's),
+proposes up to k_i tokens per request, with the draft model (max k_i sequential draft passes over the whole
+batch) or by n-gram prompt lookup (no model), and verifies all of them in one target pass over
+sum_i (p_i + 1) tokens (p_i proposed). Lossless:
+
+- greedy (``temperature`` 0): proposed tokens equal to the target's argmax are accepted up to the first
+  mismatch, where the target's argmax is the correction token (after all p_i: the bonus token). The output
+  is the target's greedy output.
+- sampling: the rejection rule of Leviathan et al. (ICML 2023, Alg. 1) and Chen et al. (arXiv 2302.01318):
+  a token x drafted from q is accepted with probability min(1, p(x) / q(x)); at the first rejection the
+  next token is drawn from norm(max(0, p - q)); when all are accepted a bonus token is drawn from p at the
+  next position. Each output token is then distributed as the target's p. An n-gram proposal is a draft q
+  with all its mass on the proposed token.
+
+KV caches: one :class:`profiles.forward.BatchCache` per model for the running batch. A step's rejected
+tokens are rolled back (:func:`profiles.forward.rollback`); finishing requests are dropped and newly
+prefilled ones merged in, both compacting the cache. Each request's newest token enters the target cache in
+the pass that verifies the next ones (so ``context_lens`` = prompt + generated - 1, the simulator's
+convention). The draft cache may lag further: a request's ``pending`` tokens are in its context but not yet
+in the draft cache (the newest token, plus a fully accepted last draft token, plus every token of steps in
+which nobody speculated); the first draft pass of a step feeds them all.
+
+Costs. The step's parts are timed (wall seconds, ``time.perf_counter``): the draft passes (forward and
+drawing the proposals), the verification (target forward, acceptance, rollback), the prefills; the rest of
+the step is the engine's overhead. :mod:`profiles.engine_profile` times these same functions
+(:class:`StepRunner`) to make the cost profile the simulator uses to predict this engine.
+Differences from the simulator's cost formula: a draft pass runs the whole batch even when only the
+requests with k_i >= j need pass j (the same for a uniform k); the first draft pass after a step without
+speculation also feeds the draft the tokens it missed (the simulator charges no draft work for that); and a
+decode batch is a padded rectangle, so attention reads the longest request's width for every request (the
+engine profile measures batches of unequal requests for that reason, :mod:`profiles.engine_profile`).
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+from transformers import PreTrainedModel
+
+from policies.base import BatchView, Policy, StepOutcome
+from profiles import forward
+from profiles.forward import BatchCache
+from simulator.cost_model import CostModel
+from simulator.errors import UserError
+from simulator.metrics import Recorder, summarize
+from simulator.workload import Workload
+
+PROPOSERS = ("draft", "ngram")
+#: Extra per-step columns of the engine: tokens in the running requests' contexts before a decode step (the
+#: cost model's ``context_tokens``; 0 for a prefill), the target cache's slots then (batch size x width:
+#: what attention reads, padding and rolled-back slots included), and the step's timed target and draft work
+#: (seconds).
+PART_COLUMNS = ["context_tokens", "cache_slots", "target_seconds", "draft_seconds"]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The engine's settings (vLLM terms; tokens, sequences)."""
+
+    max_num_seqs: int = 8
+    """At most this many running requests."""
+    max_num_batched_tokens: int = 2048
+    """Prompt tokens one prefill step may take (a longer prompt is prefilled alone)."""
+    max_k: int = 4
+    """Bound on any request's proposal length (the policy's k)."""
+    proposer: str = "draft"
+    """``draft`` (a draft model) or ``ngram`` (prompt lookup)."""
+    temperature: float = 0.0
+    """0: greedy; > 0: sampling from softmax(logits / temperature) with the rejection rule."""
+    ngram_min: int = 1
+    """Shortest n-gram the prompt lookup matches."""
+    ngram_max: int = 3
+    """Longest n-gram the prompt lookup matches (tried first)."""
+    block_size: int = 16
+    """Tokens per KV block, only to report ``kv_blocks_used`` as the simulator does."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "ngram_min", "block_size"):
+            if getattr(self, name) < 1:
+                raise UserError(f"engine: {name} must be >= 1 (got {getattr(self, name)})")
+        if self.max_k < 0:
+            raise UserError(f"engine: max_k must be >= 0 (got {self.max_k})")
+        if self.proposer not in PROPOSERS:
+            raise UserError(f"engine: proposer must be one of {', '.join(PROPOSERS)} (got {self.proposer!r})")
+        if not self.temperature >= 0:
+            raise UserError(f"engine: temperature must be >= 0 (got {self.temperature})")
+        if self.ngram_max < self.ngram_min:
+            raise UserError(f"engine: ngram_max must be >= ngram_min (got {self.ngram_max} < {self.ngram_min})")
+
+
+@dataclass(frozen=True)
+class EngineResult:
+    """What a run produced. Times are seconds since the run started."""
+
+    requests: pd.DataFrame
+    """One row per request: :data:`simulator.metrics.REQUEST_COLUMNS` and the derived columns."""
+    steps: pd.DataFrame
+    """One row per step: :data:`simulator.metrics.STEP_COLUMNS` with measured ``seconds``, and
+    :data:`PART_COLUMNS` (the step's timed target and draft work; the rest of ``seconds`` is overhead)."""
+    acceptance: pd.DataFrame
+    """One row per request and decode step: ``request_id,proposed,accepted`` (the replay format)."""
+    outputs: list[list[int]]
+    """Generated token ids of each request."""
+    summary: dict
+
+
+# -- acceptance rules and proposals (pure functions) ----------------------------------------------
+def probabilities(logits: torch.Tensor, temperature: float) -> np.ndarray:
+    """softmax(logits / temperature) over the last axis, float64."""
+    return torch.softmax(logits.double() / temperature, dim=-1).cpu().numpy()
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    """One token from ``probs`` (need not sum exactly to 1), by inversion of one uniform."""
+    cdf = np.cumsum(probs)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(probs) - 1))
+
+
+def accept_greedy(proposal: Sequence[int], target_argmax: Sequence[int]) -> tuple[int, int]:
+    """Greedy verification: ``(a, token)``, a = number of leading proposed tokens equal to the target's
+    argmax at their position (``target_argmax[j]`` predicts ``proposal[j]``), token = the argmax after them."""
+    a = 0
+    while a < len(proposal) and proposal[a] == target_argmax[a]:
+        a += 1
+    return a, int(target_argmax[a])
+
+
+def accept_sampled(proposal: Sequence[int], p: np.ndarray, q: np.ndarray,
+                   rng: np.random.Generator) -> tuple[int, int]:
+    """The rejection rule (Leviathan et al. 2023, Alg. 1; Chen et al. 2023): ``(a, token)``.
+
+    ``p[j]`` is the target's distribution at the position of ``proposal[j]`` (``len(proposal) + 1`` rows,
+    the last one after the whole proposal), ``q[j]`` the draft's that ``proposal[j]`` was drawn from. Token j
+    is accepted with probability min(1, p_j(x) / q_j(x)) (one uniform each, in order); at the first rejection
+    the token is drawn from norm(max(0, p_j - q_j)), after a full acceptance from p at the next position.
+    """
+    for j, x in enumerate(proposal):
+        if rng.random() * q[j, x] < p[j, x]:
+            continue
+        residual = np.maximum(p[j] - q[j], 0.0)
+        # p_j(x) < q_j(x) puts mass elsewhere; a residual that rounds to nothing falls back to p_j.
+        return j, draw(residual if residual.sum() > 0 else p[j], rng)
+    return len(proposal), draw(p[len(proposal)], rng)
+
+
+def ngram_proposal(tokens: Sequence[int], k: int, n_min: int, n_max: int) -> list[int]:
+    """Prompt lookup (Saxena, 2023; vLLM's ``ngram`` proposer): for n = n_max down to n_min, find the most
+    recent earlier occurrence of the last n tokens and propose the (up to) k tokens that followed it;
+    ``[]`` when no suffix recurs."""
+    if k <= 0:
+        return []
+    arr = np.asarray(tokens, dtype=np.int64)
+    for n in range(min(n_max, len(arr) - 1), n_min - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
+        hits = np.flatnonzero((windows == arr[-n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[-1]) + n
+            return arr[start:start + k].tolist()
+    return []
+
+
+# -- the passes a step runs (timed by the engine profile) ------------------------------------------
+class StepRunner:
+    """The model work of the engine's steps: prefill, one draft pass, verification. Sampling draws from ``rng``.
+
+    :mod:`profiles.engine_profile` times exactly these methods.
+    """
+
+    def __init__(self, target: PreTrainedModel, draft: PreTrainedModel | None, temperature: float,
+                 rng: np.random.Generator) -> None:
+        self.target, self.draft = target, draft
+        self.temperature = temperature
+        self.rng = rng
+
+    def prefill(self, model: PreTrainedModel, prompts: list[list[int]]) -> tuple[BatchCache, torch.Tensor]:
+        """Prefill each prompt in a pass of its own (no padding: the cost is the sum over prompts, as a
+        variable-length kernel's) and merge them into one cache; the last positions' logits ``(b, vocab)``."""
+        parts, logits = [], []
+        for prompt in prompts:
+            part = forward.empty_batch_cache(model, 1)
+            logits.append(forward.batch_pass(model, part, [prompt], 1)[:, -1])
+            parts.append(part)
+        return (parts[0] if len(parts) == 1 else forward.merge(model, parts)), torch.cat(logits)
+
+    def first_tokens(self, logits: torch.Tensor) -> list[int]:
+        """The token each prefilled prompt emits (argmax, or drawn from the target's distribution)."""
+        if self.temperature == 0:
+            return logits.argmax(dim=-1).tolist()
+        return [draw(p, self.rng) for p in probabilities(logits, self.temperature)]
+
+    def draft_pass(self, batch: BatchCache, tokens: list[list[int]],
+                   proposing: np.ndarray) -> tuple[list[int], list[np.ndarray | None]]:
+        """One draft pass: feed ``tokens[i]`` to sequence i and draw its next token (argmax, or from q where
+        ``proposing[i]``); returns the tokens and, when sampling, q for the proposing sequences."""
+        logits = forward.batch_pass(self.draft, batch, tokens, 1)[:, -1]
+        if self.temperature == 0:
+            return logits.argmax(dim=-1).tolist(), [None] * len(tokens)
+        q = probabilities(logits, self.temperature)
+        drawn = [draw(q[i], self.rng) if proposing[i] else int(q[i].argmax()) for i in range(len(tokens))]
+        return drawn, [q[i] if proposing[i] else None for i in range(len(tokens))]
+
+    def verify(self, batch: BatchCache, last: list[int], proposals: list[list[int]],
+               q: list[np.ndarray | None]) -> tuple[list[int], list[int]]:
+        """One target pass over ``[last[i]] + proposals[i]`` per sequence; the accepted count and the next
+        token of each, with the rejected tokens rolled back from ``batch``. ``q[i]`` (sampling): the draft
+        distributions of ``proposals[i]``, shape ``(len, vocab)``; ``None`` for an n-gram proposal."""
+        blocks = [[t] + p for t, p in zip(last, proposals)]
+        width = max(len(b) for b in blocks)
+        logits = forward.batch_pass(self.target, batch, blocks, width)
+        accepted, tokens = [], []
+        if self.temperature == 0:
+            argmax = logits.argmax(dim=-1).tolist()
+            for row, proposal in zip(argmax, proposals):
+                a, token = accept_greedy(proposal, row[width - len(proposal) - 1:])
+                accepted.append(a)
+                tokens.append(token)
+        else:
+            for i, proposal in enumerate(proposals):
+                p = probabilities(logits[i, width - len(proposal) - 1:], self.temperature)
+                qi = q[i]
+                if qi is None:  # an n-gram proposal: all of q's mass on the proposed token
+                    qi = np.zeros((len(proposal), p.shape[1]))
+                    qi[np.arange(len(proposal)), proposal] = 1.0
+                a, token = accept_sampled(proposal, p, qi, self.rng)
+                accepted.append(a)
+                tokens.append(token)
+        block = torch.arange(width, device=batch.valid.device)
+        start = torch.tensor([width - len(b) for b in blocks], device=block.device)
+        keep = (block >= start[:, None]) & (block <= (start + torch.tensor(accepted, device=block.device))[:, None])
+        forward.rollback(batch, keep)
+        return accepted, tokens
+
+
+# -- the engine ----------------------------------------------------------------------------------
+class ServingEngine:
+    """Serves a workload with real models; see the module docstring. One :meth:`run` per instance."""
+
+    def __init__(self, target: PreTrainedModel, draft: PreTrainedModel | None, config: EngineConfig,
+                 policy: Policy, cost_model: CostModel | None, rng: np.random.Generator) -> None:
+        """``cost_model``: what the policy's :class:`BatchView` offers (None for policies that need none, such as
+        ``fixed-k``); ``rng``: the draws of sampling."""
+        self.config = config
+        self.policy = policy
+        self.cost_model = cost_model
+        self.speculative = config.max_k > 0 and policy.name != "no-spec"
+        self.use_draft = self.speculative and config.proposer == "draft"
+        if self.use_draft and draft is None:
+            raise UserError("engine: the draft proposer needs a draft model (or use proposer ngram)")
+        if draft is not None and draft.config.vocab_size != target.config.vocab_size:
+            raise UserError(f"engine: the draft's vocabulary ({draft.config.vocab_size} tokens) differs from the "
+                            f"target's ({target.config.vocab_size}); a draft must share the target's tokenizer")
+        self.runner = StepRunner(target, draft if self.use_draft else None, config.temperature, rng)
+
+    # -- checks --------------------------------------------------------------------------------
+    def _check(self, workload: Workload, prompts: Sequence[Sequence[int]]) -> None:
+        if len(prompts) != len(workload):
+            raise UserError(f"engine: {len(prompts)} prompts for {len(workload)} requests")
+        models = [self.runner.target] + ([self.runner.draft] if self.runner.draft is not None else [])
+        limit = min(m.config.max_position_embeddings for m in models)
+        vocab = self.runner.target.config.vocab_size
+        lookahead = self.config.max_k + 1 if self.speculative else 1
+        for i, prompt in enumerate(prompts):
+            if len(prompt) != workload.prompt_tokens[i]:
+                raise UserError(f"engine: request {i}: prompt has {len(prompt)} tokens, the workload says "
+                                f"{int(workload.prompt_tokens[i])}")
+            need = len(prompt) + int(workload.output_tokens[i]) + lookahead
+            if need > limit:
+                raise UserError(f"engine: request {i}: prompt {len(prompt)} + output {int(workload.output_tokens[i])} "
+                                f"+ lookahead {lookahead} tokens exceed the model's context of {limit} tokens")
+            if min(prompt) < 0 or max(prompt) >= vocab:
+                raise UserError(f"engine: request {i}: token ids must be in [0, {vocab}) "
+                                f"(got {min(prompt)}..{max(prompt)})")
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, workload: Workload, prompts: Sequence[Sequence[int]]) -> EngineResult:
+        """Serve ``workload`` (arrival times, lengths) with ``prompts[i]`` the token ids of request i."""
+        self._check(workload, prompts)
+        cfg = self.config
+        n = len(workload)
+        self.prompts = [list(map(int, p)) for p in prompts]
+        self.output_len = workload.output_tokens
+        self.outputs: list[list[int]] = [[] for _ in range(n)]
+        self.rec = Recorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens, save_steps=True)
+        self.parts: list[tuple[int, int, float, float]] = []
+        self.accept_rows: list[tuple[int, int, int]] = []
+        self.waiting: deque[int] = deque()
+        self.rids: list[int] = []
+        self.pending: list[list[int]] = []
+        self.target_cache: BatchCache | None = None
+        self.draft_cache: BatchCache | None = None
+        arrivals = workload.arrival_time.tolist()
+        arrived = 0
+        start = time.perf_counter()
+        while self.rec.finished < n:
+            step_start = time.perf_counter() - start
+            while arrived < n and arrivals[arrived] <= step_start:
+                self.waiting.append(arrived)
+                arrived += 1
+            if not self.waiting and not self.rids:
+                time.sleep(max(arrivals[arrived] - step_start, 0.0))
+                continue
+            admitted = self._admit()
+            if admitted:
+                self._prefill_step(admitted, start, step_start)
+            else:
+                self._decode_step(start, step_start)
+        requests = self.rec.requests_frame()
+        steps = self.rec.steps_frame()
+        steps[PART_COLUMNS] = pd.DataFrame(self.parts, columns=PART_COLUMNS)
+        acceptance = pd.DataFrame(self.accept_rows, columns=["request_id", "proposed", "accepted"])
+        summary = summarize(requests, self.rec.acceptance_length())
+        summary.update({"policy": self.policy.name, "k": cfg.max_k, "steps": self.rec.num_steps,
+                        "workload": workload.source, "temperature": cfg.temperature, "proposer": cfg.proposer})
+        return EngineResult(requests, steps, acceptance, self.outputs, summary)
+
+    def _admit(self) -> list[int]:
+        """Waiting requests to prefill now: FCFS while seats and the token budget last (a long prompt alone)."""
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        seats = cfg.max_num_seqs - len(self.rids)
+        admitted: list[int] = []
+        while self.waiting and seats > 0:
+            tokens = len(self.prompts[self.waiting[0]])
+            if tokens > budget and admitted:
+                break
+            admitted.append(self.waiting.popleft())
+            budget -= tokens
+            seats -= 1
+        return admitted
+
+    def _prefill_step(self, admitted: list[int], start: float, step_start: float) -> None:
+        runner = self.runner
+        prompts = [self.prompts[r] for r in admitted]
+        t0 = time.perf_counter()
+        cache, logits = runner.prefill(runner.target, prompts)
+        first = runner.first_tokens(logits)
+        t1 = time.perf_counter()
+        draft_cache = runner.prefill(runner.draft, prompts)[0] if self.use_draft else None
+        t2 = time.perf_counter()
+        keep = []
+        for row, (rid, token) in enumerate(zip(admitted, first)):
+            self.outputs[rid].append(token)
+            if self.output_len[rid] > 1:
+                keep.append(row)
+        if keep:
+            rows = [admitted[i] for i in keep]
+            if len(keep) < len(admitted):
+                cache = forward.select_rows(runner.target, cache, keep)
+                draft_cache = forward.select_rows(runner.draft, draft_cache, keep) if self.use_draft else None
+            self.target_cache = self._merged(runner.target, self.target_cache, cache)
+            if self.use_draft:
+                self.draft_cache = self._merged(runner.draft, self.draft_cache, draft_cache)
+            self.rids += rows
+            self.pending += [[self.outputs[r][-1]] for r in rows]
+        now = time.perf_counter() - start
+        for rid in admitted:
+            self.rec.first_token(rid, now)
+            if self.output_len[rid] == 1:
+                self.rec.finish(rid, now)
+        self.rec.step(step_start, now - step_start, "prefill", len(admitted), sum(map(len, prompts)),
+                      self._kv_blocks(), len(self.waiting))
+        self.parts.append((0, 0, t1 - t0, t2 - t1))
+
+    @staticmethod
+    def _merged(model: PreTrainedModel, running: BatchCache | None, new: BatchCache) -> BatchCache:
+        return new if running is None else forward.merge(model, [running, new])
+
+    def _propose_k(self, now: float, context: np.ndarray) -> np.ndarray:
+        """The policy's k per running request (``context``: tokens in each one's KV cache), checked as the
+        simulator checks it."""
+        rids = np.asarray(self.rids, dtype=np.int64)
+        generated = np.array([len(self.outputs[r]) for r in self.rids], dtype=np.int64)
+        view = BatchView(now, rids, context, generated, len(self.waiting), self.cost_model, self.config.max_k,
+                         self.config.proposer == "draft")
+        k = self.policy.propose(view)
+        if not isinstance(k, np.ndarray) or k.shape != rids.shape:
+            raise UserError(f"policy {self.policy.name}: propose() must return an int array of length "
+                            f"{rids.size}, got {type(k).__name__} {getattr(k, 'shape', '')}")
+        if k.size and (k.min() < 0 or k.max() > self.config.max_k):
+            raise UserError(f"policy {self.policy.name}: proposed k outside [0, {self.config.max_k}] "
+                            f"(got {int(k.min())}..{int(k.max())})")
+        return k.astype(np.int64)
+
+    def _draft_proposals(self, k: np.ndarray) -> tuple[list[list[int]], list[np.ndarray | None], int]:
+        """max k draft passes over the batch: proposals (``k[i]`` tokens each), their q (sampling), passes run."""
+        passes = int(k.max())
+        proposals: list[list[int]] = [[] for _ in self.rids]
+        qs: list[list[np.ndarray]] = [[] for _ in self.rids]
+        tokens = self.pending
+        for j in range(1, passes + 1):
+            drawn, q = self.runner.draft_pass(self.draft_cache, tokens, k >= j)
+            for i, (token, qi) in enumerate(zip(drawn, q)):
+                if k[i] >= j:
+                    proposals[i].append(token)
+                    if qi is not None:
+                        qs[i].append(qi)
+            tokens = [[t] for t in drawn]
+        stacked = [np.stack(q) if q else None for q in qs]
+        return proposals, stacked, passes
+
+    def _decode_step(self, start: float, step_start: float) -> None:
+        cfg = self.config
+        context = np.array([len(self.prompts[r]) + len(self.outputs[r]) - 1 for r in self.rids], dtype=np.int64)
+        slots = self.target_cache.batch_size * self.target_cache.width
+        k = self._propose_k(step_start, context) if self.speculative else np.zeros(len(self.rids), dtype=np.int64)
+        t0 = time.perf_counter()
+        passes = 0
+        q: list[np.ndarray | None] = [None] * len(self.rids)
+        if self.use_draft and k.any():
+            proposals, q, passes = self._draft_proposals(k)
+            pending_width = max(map(len, self.pending))
+        elif cfg.proposer == "ngram" and k.any():
+            proposals = [ngram_proposal(self.prompts[r] + self.outputs[r], int(ki), cfg.ngram_min, cfg.ngram_max)
+                         for r, ki in zip(self.rids, k)]
+        else:
+            proposals = [[] for _ in self.rids]
+        t1 = time.perf_counter()
+        last = [self.outputs[r][-1] for r in self.rids]
+        accepted, tokens = self.runner.verify(self.target_cache, last, proposals, q)
+        t2 = time.perf_counter()
+        proposed = np.array([len(p) for p in proposals], dtype=np.int64)
+        acc = np.asarray(accepted, dtype=np.int64)
+        emitted = np.zeros(len(self.rids), dtype=np.int64)
+        for i, rid in enumerate(self.rids):
+            new = (proposals[i][:accepted[i]] + [tokens[i]])[:int(self.output_len[rid]) - len(self.outputs[rid])]
+            self.outputs[rid] += new
+            emitted[i] = len(new)
+            if passes:
+                # draft tokens 1..passes-1 were fed to the draft; keep the accepted ones, the rest are rolled back
+                fed = min(accepted[i], passes - 1)
+                self.pending[i] = proposals[i][fed:accepted[i]] + [tokens[i]]
+            elif self.use_draft:
+                self.pending[i].append(tokens[i])
+            if self.speculative:
+                self.accept_rows.append((rid, int(proposed[i]), accepted[i]))
+        if passes:
+            self._roll_back_draft(passes, pending_width, acc)
+        rids = np.asarray(self.rids, dtype=np.int64)
+        if proposed.any():
+            self.rec.decode(rids, proposed, acc)
+        done = [i for i, r in enumerate(self.rids) if len(self.outputs[r]) == self.output_len[r]]
+        if done:
+            self._retire(done)
+        now = time.perf_counter() - start
+        for i in done:
+            self.rec.finish(int(rids[i]), now)
+        self.rec.step(step_start, now - step_start, "decode", len(rids), 0, self._kv_blocks(), len(self.waiting),
+                      proposed, acc, emitted)
+        self.parts.append((int(context.sum()), slots, t2 - t1, t1 - t0))
+        self.policy.observe(StepOutcome(now, rids, proposed, acc, now - step_start))
+        for i in done:
+            self.policy.finish(int(rids[i]))
+
+    def _roll_back_draft(self, passes: int, pending_width: int, accepted: np.ndarray) -> None:
+        """After ``passes`` draft passes (the first over a block of ``pending_width`` slots, then one slot each,
+        the slot of pass j + 1 holding draft token j): keep the pending tokens and the accepted draft tokens."""
+        device = self.draft_cache.valid.device
+        kept_draft = torch.arange(1, passes, device=device) <= torch.as_tensor(accepted, device=device)[:, None]
+        keep = torch.cat([torch.ones(len(accepted), pending_width, dtype=torch.bool, device=device), kept_draft], dim=1)
+        forward.rollback(self.draft_cache, keep)
+
+    def _retire(self, done: list[int]) -> None:
+        """Drop finished requests from the batch and its caches."""
+        keep = [i for i in range(len(self.rids)) if i not in set(done)]
+        self.rids = [self.rids[i] for i in keep]
+        self.pending = [self.pending[i] for i in keep]
+        if not keep:
+            self.target_cache = self.draft_cache = None
+            return
+        self.target_cache = forward.select_rows(self.runner.target, self.target_cache, keep)
+        if self.use_draft:
+            self.draft_cache = forward.select_rows(self.runner.draft, self.draft_cache, keep)
+
+    def _kv_blocks(self) -> int:
+        """KV blocks the running requests' target tokens would hold in a paged cache."""
+        if self.target_cache is None:
+            return 0
+        bs = self.config.block_size
+        return int(((self.target_cache.lengths() + bs - 1) // bs).sum())

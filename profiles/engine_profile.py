@@ -1,0 +1,250 @@
+"""The cost profile of the real serving engine's own passes, so that the simulator can predict that engine.
+
+    python run_sim.py profile --engine --pair smollm2 --out profiles/data/cpu__smollm2-135m__smollm2-draft.csv
+
+The rows (:mod:`simulator.profile_table` format) time the methods of :class:`profiles.engine.StepRunner`,
+the code the engine's steps run, on :class:`profiles.forward.BatchCache` caches (the engine's cache class,
+masking and padding):
+
+- target decode ``(b, q, c)``: :meth:`StepRunner.verify`, one target pass over the last token and ``q - 1``
+  proposed tokens of each of ``b`` sequences holding ``c`` tokens on average, the acceptance decisions and the
+  rollback (the proposals are random tokens; what a pass keeps is rolled back, untimed, before the next).
+  As in the engine, where requests with prompts of different lengths share a batch, the sequences of a batch
+  have unequal lengths, ``c (1 -+ spread)`` (:func:`random_batch`): padding is attended and the attention
+  mask materialised, as in the engine's passes (a batch of equal sequences would take a cheaper path);
+- draft decode ``(b, 1, c)``: :meth:`StepRunner.draft_pass`, one token per sequence;
+- target and draft prefill ``(b, P)``: :meth:`StepRunner.prefill` of ``b`` prompts of ``P`` tokens (one
+  pass each, merged into one cache), and for the target the first tokens;
+- target overhead ``(b)``: the engine's step seconds beyond its timed passes (scheduling, the policy,
+  bookkeeping, compacting caches when requests finish), measured in a closed-loop run with ``b`` requests
+  at a time (``2 b`` requests of random prompts of the middle prefill length, all arriving at once,
+  ``fixed-k`` with k = 3): the mean over the decode steps of ``b`` requests of
+  ``seconds - target_seconds - draft_seconds``.
+
+Each point is timed by :func:`profiles.profiler.measure` (warm-up, then the median of repeats, CPU threads
+fixed), in several rounds over the whole grid (:func:`profile_engine`). The metadata records the device,
+threads, versions, the pair, the grid and timing policy, and the memory figures (float32 weights, KV bytes
+per token = 2 x layers x kv_heads x head_dim x 4).
+"""
+from __future__ import annotations
+
+import datetime
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+import torch
+import transformers
+
+from policies.registry import make_policy
+from profiles import forward
+from profiles.analytical import GIB
+from profiles.engine import EngineConfig, ServingEngine, StepRunner
+from profiles.models_real import ModelPair
+from profiles.profiler import COLUMNS, Grid, TimingPolicy, measure
+from simulator.errors import UserError
+from simulator.profile_table import write_profile
+from simulator.workload import Workload
+
+#: The grid of the shipped CPU profile: the shapes the validation workloads reach (contexts of 40 to 200
+#: tokens, k <= 4, up to 8 requests at a time). Every batch size is measured: on a CPU the matrix kernels'
+#: speed changes from one row count to the next (2 rows cost far more than 1), so interpolating between
+#: powers of two misses by 10-30%.
+CPU_GRID = Grid(batch_sizes=(1, 2, 3, 4, 5, 6, 7, 8), query_lens=(1, 2, 3, 4, 5), context_lens=(32, 96, 192),
+                prefill_lens=(32, 64, 128, 192), max_prefill_tokens=768)
+#: Prefill batches of the shipped profile: a prefill is one pass per prompt, so its time is close to linear
+#: in the batch size and a few sizes suffice.
+CPU_PREFILL_BATCH_SIZES = (1, 2, 4, 8)
+#: Timing per round: one timed pass per point and round, so that consecutive timed passes have different
+#: shapes, as in the engine, where draft, verification and prefill passes alternate (timing one shape over and
+#: over in a tight loop is 3-5% faster on a CPU); the rounds give each point its repeats (see
+#: :func:`profile_engine`).
+CPU_TIMING = TimingPolicy(warmup=1, min_repeats=1, max_repeats=1, rel_tol=0.02, point_seconds=1.5)
+CPU_ROUNDS = 9
+OVERHEAD_K = 3
+OVERHEAD_OUTPUT_LEN = 16
+
+
+@dataclass(frozen=True)
+class EngineProfileSettings:
+    """What an engine profile depends on."""
+
+    out: str
+    grid: Grid = CPU_GRID
+    prefill_batch_sizes: tuple[int, ...] = CPU_PREFILL_BATCH_SIZES
+    timing: TimingPolicy = CPU_TIMING
+    rounds: int = CPU_ROUNDS
+    spread: float = 0.5
+    """Decode batches of b >= 2 hold sequences of unequal lengths, evenly spread over c (1 -+ spread)."""
+    temperature: float = 0.0
+    threads: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise UserError(f"--rounds: must be >= 1 (got {self.rounds})")
+        if not 0 <= self.spread < 1:
+            raise UserError(f"--spread: must be in [0, 1) (got {self.spread})")
+        if any(b < 1 for b in self.prefill_batch_sizes) or not self.prefill_batch_sizes:
+            raise UserError(f"prefill batch sizes must be >= 1 (got {self.prefill_batch_sizes})")
+
+
+def random_batch(model: Any, batch_size: int, context_len: int, generator: torch.Generator,
+                 spread: float = 0.0) -> forward.BatchCache:
+    """A :class:`BatchCache` of ``batch_size`` sequences holding ``context_len`` random tokens' KV on average:
+    with ``spread`` > 0 (and two or more sequences) their lengths run evenly from ``c (1 - spread)`` to
+    ``c (1 + spread)`` (summing to ``batch_size x c``), left-padded to the longest, as the engine holds
+    requests with prompts of different lengths."""
+    lengths = np.full(batch_size, context_len)
+    if batch_size > 1 and spread > 0:
+        lengths = np.rint(context_len * (1 + spread * np.linspace(-1, 1, batch_size))).astype(int)
+        lengths[-1] += batch_size * context_len - lengths.sum()
+    width = int(lengths.max())
+    cache = forward.random_cache(model, batch_size, width, generator)
+    valid = torch.arange(width, device=model.device) >= torch.as_tensor(width - lengths, device=model.device)[:, None]
+    return forward.BatchCache(cache, valid)
+
+
+def _drop_new(batch: forward.BatchCache, width: int) -> None:
+    """Roll ``batch`` back to its first ``width`` slots."""
+    forward.rollback(batch, torch.zeros(batch.batch_size, batch.width - width, dtype=torch.bool))
+
+
+def profile_engine(pair: ModelPair, settings: EngineProfileSettings,
+                   log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> pd.DataFrame:
+    """Measure every point and the overhead rows; write the profile and its metadata.
+
+    The grid is measured ``settings.rounds`` times over, each round timing every point (warm-up passes in
+    the first round only), so that a slow spell of a shared machine spreads over all points instead of
+    biasing a few; a row's seconds are the median of its rounds' medians, its p10/p90 those of the rounds'
+    medians, its repeats their sum.
+    """
+    if pair.draft is None:
+        raise UserError(f"--engine: the {pair.name} pair has no draft model to profile")
+    torch.set_num_threads(settings.threads)
+    torch.set_flush_denormal(True)
+    started, wall = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
+    rng = np.random.default_rng(settings.seed)
+    generator = torch.Generator().manual_seed(settings.seed)
+    runner = StepRunner(pair.target, pair.draft, settings.temperature, rng)
+    vocab = pair.target.config.vocab_size
+    grid = settings.grid
+    no_sync = lambda: None  # noqa: E731 - CPU work is synchronous
+    timings: dict[tuple, list[Any]] = {}
+
+    def tokens(b: int, n: int) -> list[list[int]]:
+        return rng.integers(0, vocab, (b, n)).tolist()
+
+    for round_index in range(settings.rounds):
+        timing = settings.timing if round_index == 0 else replace(settings.timing, warmup=0)
+
+        def add(key: tuple, run: Callable[[], Any], reset: Callable[[], Any]) -> None:
+            timings.setdefault(key, []).append(measure(run, reset, no_sync, timing))
+
+        for b in grid.batch_sizes:
+            log(f"round {round_index + 1}/{settings.rounds}: decode b={b}")
+            proposing = np.ones(b, dtype=bool)
+            for c in grid.context_lens:
+                batch = random_batch(pair.target, b, c, generator, settings.spread)
+                width = batch.width
+                for q in grid.query_lens:
+                    last, proposals = [t[0] for t in tokens(b, 1)], tokens(b, q - 1)
+                    qs = [np.full((q - 1, vocab), 1.0 / vocab) if settings.temperature > 0 else None] * b
+                    add(("target", "decode", b, q, c), lambda: runner.verify(batch, last, proposals, qs),
+                        lambda: _drop_new(batch, width))
+                batch = random_batch(pair.draft, b, c, generator, settings.spread)
+                fed = tokens(b, 1)
+                add(("draft", "decode", b, 1, c), lambda: runner.draft_pass(batch, fed, proposing),
+                    lambda: _drop_new(batch, width))
+        for b in settings.prefill_batch_sizes:
+            log(f"round {round_index + 1}/{settings.rounds}: prefill b={b}")
+            for p in grid.prefill_lens:
+                if grid.max_prefill_tokens is not None and b * p > grid.max_prefill_tokens:
+                    continue
+                prompts = tokens(b, p)
+                add(("target", "prefill", b, p, 0),
+                    lambda: runner.first_tokens(runner.prefill(pair.target, prompts)[1]), lambda: None)
+                add(("draft", "prefill", b, p, 0), lambda: runner.prefill(pair.draft, prompts), lambda: None)
+    rows = [{"role": key[0], "phase": key[1], "batch_size": key[2], "query_len": key[3], "context_len": key[4],
+             "seconds": float(np.median([t.median for t in ts])),
+             "seconds_p10": float(np.percentile([t.median for t in ts], 10)),
+             "seconds_p90": float(np.percentile([t.median for t in ts], 90)), "repeats": sum(t.repeats for t in ts),
+             "num_layers": (pair.target if key[0] == "target" else pair.draft).config.num_hidden_layers}
+            for key, ts in timings.items()]
+    overhead, details = measure_overhead(pair, settings, rng)
+    frame = pd.DataFrame(rows + overhead, columns=list(COLUMNS))
+    write_profile(frame, _meta(pair, settings, started, time.monotonic() - wall, details), settings.out)
+    return frame
+
+
+def measure_overhead(pair: ModelPair, settings: EngineProfileSettings,
+                     rng: np.random.Generator) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Overhead rows from closed-loop engine runs (module docstring), and per batch size the figures behind
+    them (decode steps seen; mean overhead of the decode and of the prefill steps, seconds)."""
+    grid = settings.grid
+    prompt_len = grid.prefill_lens[len(grid.prefill_lens) // 2] if grid.prefill_lens else 64
+    vocab = pair.target.config.vocab_size
+    rows, details = [], {}
+    for b in grid.batch_sizes:
+        n = 2 * b
+        workload = Workload(np.zeros(n), np.full(n, prompt_len), np.full(n, OVERHEAD_OUTPUT_LEN), "overhead run")
+        prompts = rng.integers(0, vocab, (n, prompt_len)).tolist()
+        engine = ServingEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=b, max_k=OVERHEAD_K,
+                                                                      temperature=settings.temperature),
+                               make_policy("fixed-k", OVERHEAD_K), None, rng)
+        steps = engine.run(workload, prompts).steps
+        steps["overhead"] = steps["seconds"] - steps["target_seconds"] - steps["draft_seconds"]
+        decode = steps[(steps["kind"] == "decode") & (steps["batch_size"] == b)]
+        prefill = steps[steps["kind"] == "prefill"]
+        rows.append({"role": "target", "phase": "overhead", "batch_size": b, "query_len": 1, "context_len": 0,
+                     "seconds": float(decode["overhead"].mean()),
+                     "seconds_p10": float(decode["overhead"].quantile(0.1)),
+                     "seconds_p90": float(decode["overhead"].quantile(0.9)), "repeats": len(decode),
+                     "num_layers": pair.target.config.num_hidden_layers})
+        details[str(b)] = {"decode_steps": len(decode), "decode_overhead_mean": float(decode["overhead"].mean()),
+                           "prefill_overhead_mean": float(prefill["overhead"].mean())}
+    return rows, details
+
+
+def _meta(pair: ModelPair, settings: EngineProfileSettings, started: datetime.datetime, seconds: float,
+          overhead: dict[str, Any]) -> dict[str, Any]:
+    def params(model: Any, own_only: bool) -> int:
+        return sum(p.numel() for n, p in model.named_parameters()
+                   if not (own_only and n.startswith(("model.embed_tokens", "lm_head"))))
+
+    def kv_bytes(model: Any) -> int:
+        c = model.config
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        return 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 4
+
+    device = torch.device("cpu")
+    return {
+        "method": "measured",
+        "device": forward.device_name(device),
+        "dtype": "fp32",
+        "threads": settings.threads,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "python_version": platform.python_version(),
+        "date": started.isoformat(timespec="seconds"),
+        "wall_seconds": round(seconds, 1),
+        "engine": {"pair": pair.name, "temperature": settings.temperature, "cache": "profiles.forward.BatchCache",
+                   "decode_length_spread": settings.spread,
+                   "passes": "profiles.engine.StepRunner (verify, draft_pass, prefill, first_tokens)",
+                   "overhead_runs": overhead, "overhead_k": OVERHEAD_K, "overhead_output_len": OVERHEAD_OUTPUT_LEN},
+        "grid": {**settings.grid.as_dict(), "prefill_batch_sizes": list(settings.prefill_batch_sizes)},
+        "timing": asdict(settings.timing),
+        "rounds": settings.rounds,
+        "target": {"num_layers": pair.target.config.num_hidden_layers, "params": params(pair.target, False)},
+        "draft": {"num_layers": pair.draft.config.num_hidden_layers, "own_params": params(pair.draft, True)},
+        "memory": {"device_memory_gb": forward.total_memory_bytes(device) / GIB,
+                   "target_weight_gb": params(pair.target, False) * 4 / GIB,
+                   "target_kv_bytes_per_token": kv_bytes(pair.target),
+                   "draft_weight_gb": params(pair.draft, True) * 4 / GIB,
+                   "draft_kv_bytes_per_token": kv_bytes(pair.draft)},
+        "complete": True,
+    }

@@ -1,0 +1,317 @@
+"""``python run_sim.py validate``: the simulator against the real engine, on the same requests.
+
+    python run_sim.py validate --rates 0.5,1,2 --policies no-spec,fixed-k:3,goodput --out results/validate
+
+For each rate, one workload: ``--num-requests`` Poisson arrivals (the same draws at every rate, only
+closer together) of shipped prompts (a seeded shuffle, the same at every rate) with ``--output-len``
+tokens each. Each policy serves it twice:
+
+- **real**: the engine (:mod:`profiles.engine`) on the pair's models, greedy, on the wall clock;
+- **simulated**: :func:`simulator.runner.run_simulation` with ``workload=`` that same workload, the engine's
+  cost profile (``--profile``, measured by ``run_sim.py profile --engine``; the ``--fitter`` fit) and the
+  measured acceptance replayed (``--acceptance-trace``), no KV-block limit (as the engine), averaged over
+  ``--sim-seeds`` seeds of the acceptance replay.
+
+Printed: the mean, p50 and p90 of latency, TTFT and TPOT and the throughput (requests/s), real and
+simulated, with the relative error (sim - real) / real, and their median absolute value; then where the
+time goes: every real step's parts (target prefill + draft prefill, draft passes, verification, the rest:
+overhead) against the cost model's prediction for that same step's shape, which tells a cost-model error
+from a scheduling or acceptance one. Written to ``--out``: ``validate.csv`` (the table), ``parts.csv``,
+each real run's ``requests_*.csv`` and ``steps_*.csv``, and ``validate.png`` (real and simulated mean
+latency and TTFT against the rate, one colour per policy).
+
+``--pair tiny`` runs random tiny models on random prompts (for tests); it needs ``--profile`` and
+``--acceptance-trace`` made for that pair.
+"""
+from __future__ import annotations
+
+import argparse
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from profiles.models_real import PAIRS, ModelPair
+from simulator.errors import UserError
+from simulator.profile_table import meta_path, read_json
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_PROFILE = HERE / "data" / "cpu__smollm2-135m__smollm2-draft.csv"
+DEFAULT_TRACE = HERE / "data" / "acceptance__smollm2.csv"
+METRICS = ["mean_latency", "p50_latency", "p90_latency", "mean_ttft", "p50_ttft", "p90_ttft",
+           "mean_tpot", "p50_tpot", "p90_tpot", "throughput"]
+#: More KV blocks than any validation run uses: the engine has no block limit.
+UNLIMITED_BLOCKS = 1_000_000
+
+
+@dataclass(frozen=True)
+class ValidateSettings:
+    """What a validation run depends on (see the command's flags)."""
+
+    pair: str = "smollm2"
+    rates: tuple[float, ...] = (0.5, 1.0, 2.0)
+    policies: tuple[str, ...] = ("no-spec", "fixed-k:3", "goodput")
+    num_requests: int = 12
+    output_len: int = 32
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 2048
+    k: int = 4
+    profile: str = str(DEFAULT_PROFILE)
+    fitter: str = "interp"
+    acceptance_trace: str = str(DEFAULT_TRACE)
+    sim_seeds: int = 5
+    threads: int = 1
+    seed: int = 0
+    draft_path: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.pair not in PAIRS:
+            raise UserError(f"--pair: must be one of {', '.join(PAIRS)} (got {self.pair!r})")
+        if not self.rates or any(not r > 0 for r in self.rates):
+            raise UserError(f"--rates: need rates > 0 (got {','.join(map(str, self.rates))})")
+        for name in ("num_requests", "output_len", "max_num_seqs", "max_num_batched_tokens", "sim_seeds", "threads"):
+            if getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')}: must be >= 1 (got {getattr(self, name)})")
+        for flag, path in (("--profile", self.profile), ("--acceptance-trace", self.acceptance_trace)):
+            if not Path(path).is_file():
+                raise UserError(f"{flag} {path}: no such file")
+        meta = meta_path(self.profile)
+        measured_for = (read_json(meta).get("engine") or {}).get("pair") if meta.is_file() else None
+        if measured_for not in (None, self.pair):
+            raise UserError(f"--profile {self.profile}: measured the {measured_for} pair's engine, not the "
+                            f"{self.pair} pair's (got --pair {self.pair})")
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The comparison (one row per rate x policy x metric), the parts table and the real runs' frames."""
+
+    table: pd.DataFrame
+    parts: pd.DataFrame
+    real: dict[tuple[float, str], typing.Any]
+
+    @property
+    def median_abs_error(self) -> float:
+        return float(self.table["rel_error"].abs().median())
+
+
+def workloads(settings: ValidateSettings,
+              prompt_pool: list[list[int]]) -> dict[float, tuple[typing.Any, list[list[int]]]]:
+    """Per rate, the workload and its prompts' token ids (module docstring: common random numbers)."""
+    from simulator.workload import Workload
+
+    rng = np.random.default_rng(settings.seed)
+    gaps = rng.standard_exponential(settings.num_requests)
+    chosen = [prompt_pool[i % len(prompt_pool)] for i in rng.permutation(max(settings.num_requests, len(prompt_pool)))]
+    prompts = chosen[:settings.num_requests]
+    out = {}
+    for rate in settings.rates:
+        out[rate] = (Workload(np.cumsum(gaps) / rate, [len(p) for p in prompts],
+                              np.full(settings.num_requests, settings.output_len),
+                              f"validate poisson rate={rate:g}, {len(prompts)} shipped prompts, "
+                              f"output {settings.output_len}"), prompts)
+    return out
+
+
+def prompt_pool(pair: ModelPair, seed: int) -> list[list[int]]:
+    """The shipped prompts' token ids (chat template), or random prompts of 8..40 tokens for the tiny pair."""
+    if pair.tokenizer is None:
+        rng = np.random.default_rng(seed + 1)
+        return [rng.integers(0, pair.target.config.vocab_size, int(n)).tolist() for n in rng.integers(8, 41, 16)]
+    from profiles.models_real import encode_prompts, read_prompts
+
+    return encode_prompts(pair.tokenizer, read_prompts())
+
+
+def run_validation(pair: ModelPair, settings: ValidateSettings,
+                   log: typing.Callable[[str], None] = print) -> Validation:
+    """Serve every (rate, policy) for real and simulated; compare (module docstring)."""
+    import torch
+
+    from policies.registry import make_policy
+    from profiles.engine import EngineConfig, ServingEngine
+    from simulator.config import SimConfig
+    from simulator.cost_model import load_cost_model
+    from simulator.runner import run_simulation
+    from simulator.sweep import parse_policy_spec
+    from simulator.workload import Workload
+
+    torch.set_num_threads(settings.threads)
+    torch.set_flush_denormal(True)
+    cost = load_cost_model(settings.profile, settings.fitter)
+    specs = [parse_policy_spec(s) for s in settings.policies]
+    rows, parts, real = [], [], {}
+    runs = workloads(settings, prompt_pool(pair, settings.seed))
+    # Warm up (first passes pay for lazy initialisation): two requests, speculating, not recorded.
+    warm_prompts = next(iter(runs.values()))[1][:2]
+    ServingEngine(pair.target, pair.draft, EngineConfig(max_k=settings.k), make_policy("fixed-k", settings.k), cost,
+                  np.random.default_rng(settings.seed)).run(
+        Workload(np.zeros(len(warm_prompts)), [len(p) for p in warm_prompts], np.full(len(warm_prompts), 8), "warm-up"),
+        warm_prompts)
+    for rate, (workload, prompts) in runs.items():
+        for spec, (name, k, params) in zip(settings.policies, specs):
+            k = settings.k if k is None else k
+            engine = ServingEngine(pair.target, pair.draft, EngineConfig(
+                max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens, max_k=k),
+                make_policy(name, k, dict(params)), cost, np.random.default_rng(settings.seed))
+            result = engine.run(workload, prompts)
+            real[(rate, spec)] = result
+            config = SimConfig(arrival="poisson", rate=rate, num_requests=len(workload), policy=name, k=k,
+                               policy_params=params, profile=settings.profile, fitter=settings.fitter,
+                               acceptance="replay", acceptance_trace=settings.acceptance_trace,
+                               max_num_seqs=settings.max_num_seqs,
+                               max_num_batched_tokens=settings.max_num_batched_tokens,
+                               num_gpu_blocks=UNLIMITED_BLOCKS)
+            sims = [run_simulation(config.replace(seed=s), workload=workload).summary
+                    for s in range(settings.sim_seeds)]
+            for metric in METRICS:
+                r, s = float(result.summary[metric]), float(np.mean([x[metric] for x in sims]))
+                rows.append({"rate": rate, "policy": spec, "metric": metric, "real": r, "sim": s,
+                             "rel_error": (s - r) / r})
+            parts.append(step_parts(result.steps, cost, k).assign(rate=rate, policy=spec))
+            log(f"rate {rate:g} {spec}: real mean latency {result.summary['mean_latency']:.3f} s, "
+                f"simulated {np.mean([x['mean_latency'] for x in sims]):.3f} s "
+                f"(acceptance {result.summary['acceptance_rate']:.2f})")
+    return Validation(pd.DataFrame(rows), pd.concat(parts, ignore_index=True), real)
+
+
+def step_parts(steps: pd.DataFrame, cost: typing.Any, k: int) -> pd.DataFrame:
+    """Measured and predicted seconds of each part of a real run's steps, summed over the run.
+
+    The prediction prices each real step's own shape: a prefill of ``batch_size`` prompts of
+    ``prefill_tokens`` tokens (target and draft), a decode step of ``batch_size`` requests over
+    ``context_tokens`` verifying ``proposed + batch_size`` tokens after ``k_max`` draft passes over the whole
+    batch (the engine's passes); overhead = ``overhead_time(batch_size)`` per step.
+    """
+    speculative = steps["proposed"].sum() > 0 or (steps["draft_seconds"][steps["kind"] == "prefill"] > 0).any()
+    measured = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "overhead": 0.0}
+    predicted = dict(measured)
+    for s in steps.itertuples():
+        b = int(s.batch_size)
+        if s.kind == "prefill":
+            measured["prefill"] += s.target_seconds + s.draft_seconds
+            predicted["prefill"] += cost.prefill_time(b, int(s.prefill_tokens))
+            if speculative:
+                predicted["prefill"] += cost.prefill_time(b, int(s.prefill_tokens), role="draft")
+        else:
+            measured["draft"] += s.draft_seconds
+            measured["verify"] += s.target_seconds
+            predicted["verify"] += cost.target_time(b, int(s.proposed) + b, int(s.context_tokens))
+            predicted["draft"] += sum(cost.draft_time(b, int(s.context_tokens) + b * j) for j in range(int(s.k_max)))
+        measured["overhead"] += s.seconds - s.target_seconds - s.draft_seconds
+        predicted["overhead"] += cost.overhead_time(b)
+    rows = [{"part": p, "measured": measured[p], "predicted": predicted[p]} for p in measured]
+    rows.append({"part": "all steps", "measured": sum(measured.values()), "predicted": sum(predicted.values())})
+    return pd.DataFrame(rows)
+
+
+def format_table(table: pd.DataFrame) -> str:
+    """The comparison as one line per rate x policy: real / sim / error for each metric."""
+    lines = []
+    for (rate, policy), part in table.groupby(["rate", "policy"], sort=False):
+        cells = [f"{m.replace('_', ' ')} {r:.3f}/{s:.3f} ({e:+.1%})"
+                 for m, r, s, e in part[["metric", "real", "sim", "rel_error"]].itertuples(index=False)]
+        lines.append(f"rate {rate:g} {policy}:")
+        lines += ["    " + "  ".join(cells[i:i + 3]) for i in range(0, len(cells), 3)]
+    return "\n".join(lines)
+
+
+def format_parts(parts: pd.DataFrame) -> str:
+    """Measured vs predicted seconds per part, summed over every real run."""
+    total = parts.groupby("part", sort=False)[["measured", "predicted"]].sum()
+    total["rel_error"] = (total["predicted"] - total["measured"]) / total["measured"]
+    return total.to_string(formatters={"measured": "{:.2f}".format, "predicted": "{:.2f}".format,
+                                       "rel_error": "{:+.1%}".format})
+
+
+def plot(table: pd.DataFrame, path: Path, title: str) -> None:
+    """Real (solid) and simulated (dashed) mean latency and TTFT against the rate, one colour per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, metric in zip(axes, ("mean_latency", "mean_ttft")):
+        for i, (policy, part) in enumerate(table[table["metric"] == metric].groupby("policy", sort=False)):
+            color = f"C{i}"
+            ax.plot(part["rate"], part["real"], "o-", color=color, label=f"{policy} real")
+            ax.plot(part["rate"], part["sim"], "s--", color=color, label=f"{policy} simulated")
+        ax.set(xlabel="request rate (req/s)", ylabel=f"{metric.replace('_', ' ')} (s)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _floats(flag: str, text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise UserError(f"{flag}: expected comma-separated numbers (got {text!r})") from None
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        raise UserError(f"{self.prog}: {message}")
+
+
+def build_parser() -> _Parser:
+    d = ValidateSettings
+    p = _Parser(prog="run_sim.py validate", description=__doc__.splitlines()[0])
+    p.add_argument("--pair", default=d.pair, help=f"models: {', '.join(PAIRS)}")
+    p.add_argument("--draft-path", help="folder of the draft (default: the shipped profiles/data/smollm2-draft)")
+    p.add_argument("--rates", default=",".join(f"{r:g}" for r in d.rates), help="request rates, req/s")
+    p.add_argument("--policies", default=",".join(d.policies), help="policy specs NAME[:K][/PARAM=VALUE...]")
+    p.add_argument("--k", type=int, default=d.k, help="k of policies whose spec gives none (K_max)")
+    p.add_argument("--num-requests", type=int, default=d.num_requests, help="requests per run")
+    p.add_argument("--output-len", type=int, default=d.output_len, help="output tokens per request")
+    p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs, help="running requests at most")
+    p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
+                   help="prompt tokens per prefill step")
+    p.add_argument("--profile", default=d.profile, help="the engine's cost profile (run_sim.py profile --engine)")
+    p.add_argument("--fitter", default=d.fitter, help="linear or interp")
+    p.add_argument("--acceptance-trace", default=d.acceptance_trace,
+                   help="measured acceptance (run_sim.py profile --acceptance)")
+    p.add_argument("--sim-seeds", type=int, default=d.sim_seeds, help="simulations per run, averaged")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of arrivals, prompt order and sampling")
+    p.add_argument("--out", default="results/validate", help="output folder")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    """Run the ``validate`` command; returns the exit status (user errors raise :class:`UserError`)."""
+    args = build_parser().parse_args(argv)
+    settings = ValidateSettings(pair=args.pair, rates=_floats("--rates", args.rates),
+                                policies=tuple(s for s in args.policies.split(",") if s),
+                                num_requests=args.num_requests,
+                                output_len=args.output_len, max_num_seqs=args.max_num_seqs,
+                                max_num_batched_tokens=args.max_num_batched_tokens, k=args.k, profile=args.profile,
+                                fitter=args.fitter, acceptance_trace=args.acceptance_trace, sim_seeds=args.sim_seeds,
+                                threads=args.threads, seed=args.seed, draft_path=args.draft_path)
+    from profiles.models_real import load_pair
+    from simulator.results import write_csv
+
+    pair = load_pair(settings.pair, settings.draft_path)
+    result = run_validation(pair, settings)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for (rate, policy), run in result.real.items():
+        tag = f"rate{rate:g}_{policy.replace(':', '').replace('/', '_')}"
+        write_csv(out / f"requests_{tag}.csv", run.requests)
+        write_csv(out / f"steps_{tag}.csv", run.steps)
+    write_csv(out / "validate.csv", result.table)
+    write_csv(out / "parts.csv", result.parts)
+    plot(result.table, out / "validate.png",
+         f"{settings.pair}: real engine vs simulator ({settings.num_requests} requests, output {settings.output_len})")
+    print(f"\nreal/simulated (relative error), seconds; throughput in requests/s:\n{format_table(result.table)}")
+    print(f"\nmedian |relative error| over {len(result.table)} figures: {result.median_abs_error:.1%}")
+    print(f"\nwhere the time goes (every real step, measured vs the cost model on its shape), seconds:\n"
+          f"{format_parts(result.parts)}")
+    print(f"\nresults: {out}/validate.csv, {out}/validate.png")
+    return 0

@@ -1,0 +1,91 @@
+"""``run_sim.py validate`` on the tiny random pair: its own engine profile and acceptance trace, then the
+simulator against the real engine on the same requests; the parts table's arithmetic; bad input."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from policies.registry import make_policy  # noqa: E402
+from profiles.acceptance import write_trace  # noqa: E402
+from profiles.engine import EngineConfig, ServingEngine  # noqa: E402
+from profiles.engine_profile import EngineProfileSettings, profile_engine  # noqa: E402
+from profiles.models_real import load_pair  # noqa: E402
+from profiles.profiler import Grid, TimingPolicy  # noqa: E402
+from profiles.validate import ValidateSettings, run_validation, step_parts  # noqa: E402
+from simulator.cli import main as cli_main  # noqa: E402
+from simulator.cost_model import model_from_dict  # noqa: E402
+from simulator.errors import UserError  # noqa: E402
+from simulator.workload import Workload  # noqa: E402
+
+pytestmark = pytest.mark.torch
+GRID = Grid(batch_sizes=(1, 2, 4), query_lens=(1, 2, 3), context_lens=(8, 32, 64), prefill_lens=(8, 24, 40),
+            max_prefill_tokens=160)
+TIMING = TimingPolicy(warmup=1, min_repeats=5, max_repeats=9, point_seconds=0.1)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """The tiny pair, its engine profile and an acceptance trace measured with its engine."""
+    folder = tmp_path_factory.mktemp("validate")
+    pair = load_pair("tiny")
+    profile = folder / "cpu__tiny.csv"
+    profile_engine(pair, EngineProfileSettings(out=str(profile), grid=GRID, timing=TIMING), log=lambda msg: None)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 1000, 16).tolist() for _ in range(4)]
+    engine = ServingEngine(pair.target, pair.draft, EngineConfig(max_k=2), make_policy("fixed-k", 2), None, rng)
+    trace = folder / "acceptance.csv"
+    write_trace(engine.run(Workload(np.zeros(4), [16] * 4, [12] * 4, "t"), prompts), str(trace))
+    return pair, str(profile), str(trace)
+
+
+def test_the_simulated_latency_is_close_to_the_real_engines(tiny):
+    pair, profile, trace = tiny
+    settings = ValidateSettings(pair="tiny", rates=(40.0, 150.0), policies=("no-spec", "fixed-k:2"), num_requests=10,
+                                output_len=10, max_num_seqs=4, profile=profile, acceptance_trace=trace, sim_seeds=2)
+    result = run_validation(pair, settings, log=lambda msg: None)
+    table = result.table
+    assert len(table) == 2 * 2 * 10 and set(table["policy"]) == {"no-spec", "fixed-k:2"}
+    latency = table[table["metric"] == "mean_latency"]
+    # milliseconds-long passes on a shared machine: a loose bound, on the median over the four runs
+    assert latency["rel_error"].abs().median() < 0.35, latency.to_string()
+    # the real runs served every request with the workload's lengths
+    for run in result.real.values():
+        assert run.requests["output_tokens"].tolist() == [10] * 10
+    parts = result.parts.groupby("part")[["measured", "predicted"]].sum()
+    assert parts.loc["draft", "measured"] > 0 and parts.loc["draft", "predicted"] > 0
+
+
+def test_step_parts_price_each_real_step_with_the_cost_model():
+    cost = model_from_dict({"target": {"base": 0.01, "per_batched_token": 0.001, "per_context_token": 1e-5},
+                            "draft": {"base": 0.002}, "prefill": {"base": 0.1, "per_prompt_token": 0.001},
+                            "draft_prefill": {"base": 0.01}, "overhead": {"base": 0.0005}}, "test")
+    steps = pd.DataFrame([
+        # a prefill of 2 prompts (30 tokens), then a decode step of 2 requests over 40 tokens, k = 3 each
+        {"kind": "prefill", "batch_size": 2, "prefill_tokens": 30, "k_max": 0, "proposed": 0, "context_tokens": 0,
+         "seconds": 0.2, "target_seconds": 0.15, "draft_seconds": 0.02},
+        {"kind": "decode", "batch_size": 2, "prefill_tokens": 0, "k_max": 3, "proposed": 6, "context_tokens": 40,
+         "seconds": 0.05, "target_seconds": 0.03, "draft_seconds": 0.01},
+    ])
+    parts = step_parts(steps, cost, 3).set_index("part")
+    assert parts.loc["prefill"].tolist() == pytest.approx([0.17, 0.1 + 0.03 + 0.01])
+    assert parts.loc["verify", "predicted"] == pytest.approx(0.01 + 0.001 * 8 + 1e-5 * 40)
+    assert parts.loc["draft", "predicted"] == pytest.approx(3 * 0.002)
+    assert parts.loc["overhead"].tolist() == pytest.approx([0.03 + 0.01, 2 * 0.0005])
+    assert parts.loc["all steps", "measured"] == pytest.approx(0.25)
+
+
+def test_bad_validate_input_is_one_line_and_exit_status_2(tiny, capsys, tmp_path):
+    _, profile, trace = tiny
+    assert cli_main(["validate", "--rates", "0", "--profile", profile, "--acceptance-trace", trace]) == 2
+    assert capsys.readouterr().err.strip() == "error: --rates: need rates > 0 (got 0.0)"
+    assert cli_main(["validate", "--pair", "tiny", "--profile", str(tmp_path / "missing.csv"),
+                     "--acceptance-trace", trace]) == 2
+    assert "missing.csv: no such file" in capsys.readouterr().err
+    with pytest.raises(UserError, match="--pair: must be one of smollm2, tiny"):
+        ValidateSettings(pair="llama", profile=profile, acceptance_trace=trace)
+    with pytest.raises(UserError, match="measured the tiny pair's engine, not the smollm2 pair's"):
+        ValidateSettings(pair="smollm2", profile=profile, acceptance_trace=trace)
