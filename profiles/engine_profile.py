@@ -65,6 +65,8 @@ CPU_PREFILL_BATCH_SIZES = (1, 2, 4, 8)
 #: :func:`profile_engine`).
 CPU_TIMING = TimingPolicy(warmup=1, min_repeats=1, max_repeats=1, rel_tol=0.02, point_seconds=1.5)
 CPU_ROUNDS = 9
+#: Timing of :func:`machine_speed`'s points.
+CALIBRATION_TIMING = TimingPolicy(warmup=1, min_repeats=5, max_repeats=5, rel_tol=0.02, point_seconds=2.0)
 OVERHEAD_K = 3
 OVERHEAD_OUTPUT_LEN = 16
 
@@ -131,44 +133,21 @@ def profile_engine(pair: ModelPair, settings: EngineProfileSettings,
     rng = np.random.default_rng(settings.seed)
     generator = torch.Generator().manual_seed(settings.seed)
     runner = StepRunner(pair.target, pair.draft, settings.temperature, rng)
-    vocab = pair.target.config.vocab_size
     grid = settings.grid
     no_sync = lambda: None  # noqa: E731 - CPU work is synchronous
     timings: dict[tuple, list[Any]] = {}
 
-    def tokens(b: int, n: int) -> list[list[int]]:
-        return rng.integers(0, vocab, (b, n)).tolist()
-
+    keys = [("target", "decode", b, q, c) for b in grid.batch_sizes for c in grid.context_lens for q in grid.query_lens]
+    keys += [("draft", "decode", b, 1, c) for b in grid.batch_sizes for c in grid.context_lens]
+    keys += [(role, "prefill", b, p, 0) for b in settings.prefill_batch_sizes for p in grid.prefill_lens
+             if grid.max_prefill_tokens is None or b * p <= grid.max_prefill_tokens for role in ("target", "draft")]
     for round_index in range(settings.rounds):
+        log(f"round {round_index + 1}/{settings.rounds}: {len(keys)} points")
         timing = settings.timing if round_index == 0 else replace(settings.timing, warmup=0)
-
-        def add(key: tuple, run: Callable[[], Any], reset: Callable[[], Any]) -> None:
+        batches: dict = {}
+        for key in keys:
+            run, reset = point_pass(pair, runner, key, settings.spread, rng, generator, batches)
             timings.setdefault(key, []).append(measure(run, reset, no_sync, timing))
-
-        for b in grid.batch_sizes:
-            log(f"round {round_index + 1}/{settings.rounds}: decode b={b}")
-            proposing = np.ones(b, dtype=bool)
-            for c in grid.context_lens:
-                batch = random_batch(pair.target, b, c, generator, settings.spread)
-                width = batch.width
-                for q in grid.query_lens:
-                    last, proposals = [t[0] for t in tokens(b, 1)], tokens(b, q - 1)
-                    qs = [np.full((q - 1, vocab), 1.0 / vocab) if settings.temperature > 0 else None] * b
-                    add(("target", "decode", b, q, c), lambda: runner.verify(batch, last, proposals, qs),
-                        lambda: _drop_new(batch, width))
-                batch = random_batch(pair.draft, b, c, generator, settings.spread)
-                fed = tokens(b, 1)
-                add(("draft", "decode", b, 1, c), lambda: runner.draft_pass(batch, fed, proposing),
-                    lambda: _drop_new(batch, width))
-        for b in settings.prefill_batch_sizes:
-            log(f"round {round_index + 1}/{settings.rounds}: prefill b={b}")
-            for p in grid.prefill_lens:
-                if grid.max_prefill_tokens is not None and b * p > grid.max_prefill_tokens:
-                    continue
-                prompts = tokens(b, p)
-                add(("target", "prefill", b, p, 0),
-                    lambda: runner.first_tokens(runner.prefill(pair.target, prompts)[1]), lambda: None)
-                add(("draft", "prefill", b, p, 0), lambda: runner.prefill(pair.draft, prompts), lambda: None)
     rows = [{"role": key[0], "phase": key[1], "batch_size": key[2], "query_len": key[3], "context_len": key[4],
              "seconds": float(np.median([t.median for t in ts])),
              "seconds_p10": float(np.percentile([t.median for t in ts], 10)),
@@ -179,6 +158,60 @@ def profile_engine(pair: ModelPair, settings: EngineProfileSettings,
     frame = pd.DataFrame(rows + overhead, columns=list(COLUMNS))
     write_profile(frame, _meta(pair, settings, started, time.monotonic() - wall, details), settings.out)
     return frame
+
+
+def point_pass(pair: ModelPair, runner: StepRunner, key: tuple, spread: float, rng: np.random.Generator,
+               generator: torch.Generator,
+               batches: dict | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """The timed pass of profile row ``key`` = (role, phase, batch_size, query_len, context_len) on random
+    inputs, and the untimed reset that undoes it (module docstring). ``batches``: decode caches to reuse, by
+    (role, batch_size, context_len)."""
+    role, phase, b, q, c = key
+    model = pair.target if role == "target" else pair.draft
+    vocab = model.config.vocab_size
+    if phase == "prefill":
+        prompts = rng.integers(0, vocab, (b, q)).tolist()
+        if role == "target":
+            return lambda: runner.first_tokens(runner.prefill(model, prompts)[1]), lambda: None
+        return lambda: runner.prefill(model, prompts), lambda: None
+    batches = {} if batches is None else batches
+    if (role, b, c) not in batches:
+        batches[(role, b, c)] = random_batch(model, b, c, generator, spread)
+    batch = batches[(role, b, c)]
+    width = batch.width
+    if role == "draft":
+        fed, proposing = rng.integers(0, vocab, (b, 1)).tolist(), np.ones(b, dtype=bool)
+        return lambda: runner.draft_pass(batch, fed, proposing), lambda: _drop_new(batch, width)
+    last, proposals = rng.integers(0, vocab, b).tolist(), rng.integers(0, vocab, (b, q - 1)).tolist()
+    qs = [np.full((q - 1, vocab), 1.0 / vocab) if runner.temperature > 0 else None] * b
+    return lambda: runner.verify(batch, last, proposals, qs), lambda: _drop_new(batch, width)
+
+
+def machine_speed(pair: ModelPair, profile: pd.DataFrame, spread: float, temperature: float,
+                  seed: int = 0) -> float:
+    """How much slower the machine runs now than when ``profile`` was measured: the median over a few of the
+    profile's own decode and prefill points (the smallest and largest batch at the middle context, q = 1;
+    the draft at the largest batch; one prompt of the middle prefill length) of seconds now / seconds then.
+    A shared machine's speed drifts by several percent over minutes."""
+    rng = np.random.default_rng(seed)
+    runner = StepRunner(pair.target, pair.draft, temperature, rng)
+    decode = profile[(profile["phase"] == "decode") & (profile["query_len"] == 1)]
+    middle = sorted(decode["context_len"].unique())[len(decode["context_len"].unique()) // 2]
+    picks = [("target", decode["batch_size"].min()), ("target", decode["batch_size"].max()),
+             ("draft", decode["batch_size"].max())]
+    keys = [(role, "decode", int(b), 1, int(middle)) for role, b in picks]
+    prefill = profile[(profile["role"] == "target") & (profile["phase"] == "prefill")]
+    if len(prefill):
+        ones = prefill[prefill["batch_size"] == prefill["batch_size"].min()].sort_values("query_len")
+        row = ones.iloc[len(ones) // 2]
+        keys.append(("target", "prefill", int(row["batch_size"]), int(row["query_len"]), 0))
+    seconds = profile.set_index(["role", "phase", "batch_size", "query_len", "context_len"])["seconds"]
+    generator = torch.Generator().manual_seed(seed)
+    ratios = []
+    for key in keys:
+        run, reset = point_pass(pair, runner, key, spread, rng, generator)
+        ratios.append(measure(run, reset, lambda: None, CALIBRATION_TIMING).median / float(seconds[key]))
+    return float(np.median(ratios))
 
 
 def measure_overhead(pair: ModelPair, settings: EngineProfileSettings,

@@ -10,13 +10,17 @@ tokens each. Each policy serves it twice:
 - **simulated**: :func:`simulator.runner.run_simulation` with ``workload=`` that same workload, the engine's
   cost profile (``--profile``, measured by ``run_sim.py profile --engine``; the ``--fitter`` fit) and the
   measured acceptance replayed (``--acceptance-trace``), no KV-block limit (as the engine), averaged over
-  ``--sim-seeds`` seeds of the acceptance replay.
+  ``--sim-seeds`` seeds of the acceptance replay;
+- **simulated, calibrated**: the same with every profile time multiplied by the machine's speed now
+  relative to when the profile was measured (:func:`profiles.engine_profile.machine_speed`, re-timing a few
+  profile points just before the real run): a shared machine's speed drifts by 5-15% over minutes, which
+  is not the simulator's error.
 
 Printed: the mean, p50 and p90 of latency, TTFT and TPOT and the throughput (requests/s), real and
-simulated, with the relative error (sim - real) / real, and their median absolute value; then where the
-time goes: every real step's parts (target prefill + draft prefill, draft passes, verification, the rest:
-overhead) against the cost model's prediction for that same step's shape, which tells a cost-model error
-from a scheduling or acceptance one. Written to ``--out``: ``validate.csv`` (the table), ``parts.csv``,
+simulated (calibrated), with the relative errors (sim - real) / real and their median absolute value; the
+acceptance rates, real and simulated; then where the time goes: every real step's parts (target prefill +
+draft prefill, draft passes, verification, the rest: overhead) against the cost model's prediction for that
+same step's shape, which tells a cost-model error from a scheduling or acceptance one. Written to ``--out``: ``validate.csv`` (the table), ``parts.csv``,
 each real run's ``requests_*.csv`` and ``steps_*.csv``, and ``validate.png`` (real and simulated mean
 latency and TTFT against the rate, one colour per policy).
 
@@ -26,6 +30,7 @@ latency and TTFT against the rate, one colour per policy).
 from __future__ import annotations
 
 import argparse
+import tempfile
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,9 +97,10 @@ class Validation:
     parts: pd.DataFrame
     real: dict[tuple[float, str], typing.Any]
 
-    @property
-    def median_abs_error(self) -> float:
-        return float(self.table["rel_error"].abs().median())
+    def median_abs_error(self, calibrated: bool = False) -> float:
+        """Median |relative error| over the latency, TTFT, TPOT and throughput figures."""
+        column = "rel_error_calibrated" if calibrated else "rel_error"
+        return float(self.table.loc[self.table["metric"].isin(METRICS), column].abs().median())
 
 
 def workloads(settings: ValidateSettings,
@@ -134,6 +140,8 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     from profiles.engine import EngineConfig, ServingEngine
     from simulator.config import SimConfig
     from simulator.cost_model import load_cost_model
+    from profiles.engine_profile import machine_speed
+    from simulator.profile_table import read_profile
     from simulator.runner import run_simulation
     from simulator.sweep import parse_policy_spec
     from simulator.workload import Workload
@@ -141,6 +149,9 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     torch.set_num_threads(settings.threads)
     torch.set_flush_denormal(True)
     cost = load_cost_model(settings.profile, settings.fitter)
+    table = read_profile(settings.profile)
+    spread = (table.meta.get("engine") or {}).get("decode_length_spread", 0.0)
+    scratch = tempfile.TemporaryDirectory(prefix="specsim-validate-")
     specs = [parse_policy_spec(s) for s in settings.policies]
     rows, parts, real = [], [], {}
     runs = workloads(settings, prompt_pool(pair, settings.seed))
@@ -153,6 +164,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     for rate, (workload, prompts) in runs.items():
         for spec, (name, k, params) in zip(settings.policies, specs):
             k = settings.k if k is None else k
+            speed = machine_speed(pair, table.frame, spread, 0.0, settings.seed)
             engine = ServingEngine(pair.target, pair.draft, EngineConfig(
                 max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens, max_k=k),
                 make_policy(name, k, dict(params)), cost, np.random.default_rng(settings.seed))
@@ -164,20 +176,37 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
                                max_num_seqs=settings.max_num_seqs,
                                max_num_batched_tokens=settings.max_num_batched_tokens,
                                num_gpu_blocks=UNLIMITED_BLOCKS)
-            sims = [run_simulation(config.replace(seed=s), workload=workload).summary
-                    for s in range(settings.sim_seeds)]
-            for metric in METRICS:
-                r, s = float(result.summary[metric]), float(np.mean([x[metric] for x in sims]))
+            calibrated = scaled_profile(table, speed, Path(scratch.name) / f"speed{len(rows)}.csv")
+            sims, sims_cal = ([run_simulation(c.replace(seed=s), workload=workload).summary
+                               for s in range(settings.sim_seeds)]
+                              for c in (config, config.replace(profile=calibrated, policy_profile=settings.profile)))
+            for metric in METRICS + ["acceptance_rate"]:
+                r = float(result.summary[metric])
+                s, c = (float(np.mean([x[metric] for x in runs_])) for runs_ in (sims, sims_cal))
                 rows.append({"rate": rate, "policy": spec, "metric": metric, "real": r, "sim": s,
-                             "rel_error": (s - r) / r})
-            parts.append(step_parts(result.steps, cost, k).assign(rate=rate, policy=spec))
-            log(f"rate {rate:g} {spec}: real mean latency {result.summary['mean_latency']:.3f} s, "
-                f"simulated {np.mean([x['mean_latency'] for x in sims]):.3f} s "
-                f"(acceptance {result.summary['acceptance_rate']:.2f})")
+                             "rel_error": (s - r) / r if r else np.nan, "sim_calibrated": c,
+                             "rel_error_calibrated": (c - r) / r if r else np.nan, "speed": speed})
+            parts.append(step_parts(result.steps, cost).assign(rate=rate, policy=spec, speed=speed))
+            log(f"rate {rate:g} {spec}: machine speed {speed:.3f} x the profile's; mean latency real "
+                f"{result.summary['mean_latency']:.3f} s, simulated {np.mean([x['mean_latency'] for x in sims]):.3f} s, "
+                f"calibrated {np.mean([x['mean_latency'] for x in sims_cal]):.3f} s")
+    scratch.cleanup()
     return Validation(pd.DataFrame(rows), pd.concat(parts, ignore_index=True), real)
 
 
-def step_parts(steps: pd.DataFrame, cost: typing.Any, k: int) -> pd.DataFrame:
+def scaled_profile(table: typing.Any, factor: float, path: Path) -> str:
+    """A copy of profile ``table`` with every time multiplied by ``factor``, written to ``path``."""
+    from simulator.profile_table import write_profile
+
+    frame = table.frame.copy()
+    for column in ("seconds", "seconds_p10", "seconds_p90"):
+        if column in frame:
+            frame[column] = frame[column] * factor
+    write_profile(frame, {**table.meta, "calibrated": {"source": table.path, "factor": factor}}, path)
+    return str(path)
+
+
+def step_parts(steps: pd.DataFrame, cost: typing.Any) -> pd.DataFrame:
     """Measured and predicted seconds of each part of a real run's steps, summed over the run.
 
     The prediction prices each real step's own shape: a prefill of ``batch_size`` prompts of
@@ -208,26 +237,29 @@ def step_parts(steps: pd.DataFrame, cost: typing.Any, k: int) -> pd.DataFrame:
 
 
 def format_table(table: pd.DataFrame) -> str:
-    """The comparison as one line per rate x policy: real / sim / error for each metric."""
-    lines = []
-    for (rate, policy), part in table.groupby(["rate", "policy"], sort=False):
-        cells = [f"{m.replace('_', ' ')} {r:.3f}/{s:.3f} ({e:+.1%})"
-                 for m, r, s, e in part[["metric", "real", "sim", "rel_error"]].itertuples(index=False)]
-        lines.append(f"rate {rate:g} {policy}:")
-        lines += ["    " + "  ".join(cells[i:i + 3]) for i in range(0, len(cells), 3)]
-    return "\n".join(lines)
+    """The comparison, one line per rate x policy x metric: real, simulated and calibrated, with errors."""
+    shown = table.set_index(["rate", "policy", "metric"])[["real", "sim", "rel_error", "sim_calibrated",
+                                                             "rel_error_calibrated"]]
+    return shown.to_string(formatters={"real": "{:.3f}".format, "sim": "{:.3f}".format,
+                                       "sim_calibrated": "{:.3f}".format, "rel_error": "{:+.1%}".format,
+                                       "rel_error_calibrated": "{:+.1%}".format})
 
 
 def format_parts(parts: pd.DataFrame) -> str:
-    """Measured vs predicted seconds per part, summed over every real run."""
-    total = parts.groupby("part", sort=False)[["measured", "predicted"]].sum()
+    """Measured vs predicted seconds per part, summed over every real run (predicted as profiled, and scaled
+    by each run's machine speed)."""
+    parts = parts.assign(calibrated=parts["predicted"] * parts["speed"])
+    total = parts.groupby("part", sort=False)[["measured", "predicted", "calibrated"]].sum()
     total["rel_error"] = (total["predicted"] - total["measured"]) / total["measured"]
-    return total.to_string(formatters={"measured": "{:.2f}".format, "predicted": "{:.2f}".format,
-                                       "rel_error": "{:+.1%}".format})
+    total["rel_error_calibrated"] = (total["calibrated"] - total["measured"]) / total["measured"]
+    seconds, percent = "{:.2f}".format, "{:+.1%}".format
+    return total.to_string(formatters={"measured": seconds, "predicted": seconds, "calibrated": seconds,
+                                       "rel_error": percent, "rel_error_calibrated": percent})
 
 
 def plot(table: pd.DataFrame, path: Path, title: str) -> None:
-    """Real (solid) and simulated (dashed) mean latency and TTFT against the rate, one colour per policy."""
+    """Real (solid), simulated (dashed) and calibrated simulated (dotted) mean latency and TTFT against the
+    rate, one colour per policy."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -239,6 +271,7 @@ def plot(table: pd.DataFrame, path: Path, title: str) -> None:
             color = f"C{i}"
             ax.plot(part["rate"], part["real"], "o-", color=color, label=f"{policy} real")
             ax.plot(part["rate"], part["sim"], "s--", color=color, label=f"{policy} simulated")
+            ax.plot(part["rate"], part["sim_calibrated"], "^:", color=color, label=f"{policy} simulated, calibrated")
         ax.set(xlabel="request rate (req/s)", ylabel=f"{metric.replace('_', ' ')} (s)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
@@ -309,8 +342,11 @@ def main(argv: list[str]) -> int:
     write_csv(out / "parts.csv", result.parts)
     plot(result.table, out / "validate.png",
          f"{settings.pair}: real engine vs simulator ({settings.num_requests} requests, output {settings.output_len})")
-    print(f"\nreal/simulated (relative error), seconds; throughput in requests/s:\n{format_table(result.table)}")
-    print(f"\nmedian |relative error| over {len(result.table)} figures: {result.median_abs_error:.1%}")
+    print(f"\nreal and simulated, seconds (throughput: requests/s):\n{format_table(result.table)}")
+    figures = int(result.table["metric"].isin(METRICS).sum())
+    print(f"\nmedian |relative error| over {figures} latency, TTFT, TPOT and throughput figures: "
+          f"{result.median_abs_error():.1%} as profiled, {result.median_abs_error(calibrated=True):.1%} calibrated "
+          f"(machine speed {result.parts['speed'].min():.3f}..{result.parts['speed'].max():.3f} x the profile's)")
     print(f"\nwhere the time goes (every real step, measured vs the cost model on its shape), seconds:\n"
           f"{format_parts(result.parts)}")
     print(f"\nresults: {out}/validate.csv, {out}/validate.png")

@@ -24,7 +24,7 @@ from simulator.workload import Workload  # noqa: E402
 pytestmark = pytest.mark.torch
 GRID = Grid(batch_sizes=(1, 2, 4), query_lens=(1, 2, 3), context_lens=(8, 32, 64), prefill_lens=(8, 24, 40),
             max_prefill_tokens=160)
-TIMING = TimingPolicy(warmup=1, min_repeats=5, max_repeats=9, point_seconds=0.1)
+TIMING = TimingPolicy(warmup=1, min_repeats=3, max_repeats=3, point_seconds=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,8 @@ def tiny(tmp_path_factory):
     folder = tmp_path_factory.mktemp("validate")
     pair = load_pair("tiny")
     profile = folder / "cpu__tiny.csv"
-    profile_engine(pair, EngineProfileSettings(out=str(profile), grid=GRID, timing=TIMING), log=lambda msg: None)
+    profile_engine(pair, EngineProfileSettings(out=str(profile), grid=GRID, prefill_batch_sizes=(1, 2, 4),
+                                               timing=TIMING, rounds=2), log=lambda msg: None)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 1000, 16).tolist() for _ in range(4)]
     engine = ServingEngine(pair.target, pair.draft, EngineConfig(max_k=2), make_policy("fixed-k", 2), None, rng)
@@ -48,7 +49,7 @@ def test_the_simulated_latency_is_close_to_the_real_engines(tiny):
                                 output_len=10, max_num_seqs=4, profile=profile, acceptance_trace=trace, sim_seeds=2)
     result = run_validation(pair, settings, log=lambda msg: None)
     table = result.table
-    assert len(table) == 2 * 2 * 10 and set(table["policy"]) == {"no-spec", "fixed-k:2"}
+    assert len(table) == 2 * 2 * 11 and set(table["policy"]) == {"no-spec", "fixed-k:2"}
     latency = table[table["metric"] == "mean_latency"]
     # milliseconds-long passes on a shared machine: a loose bound, on the median over the four runs
     assert latency["rel_error"].abs().median() < 0.35, latency.to_string()
@@ -70,7 +71,7 @@ def test_step_parts_price_each_real_step_with_the_cost_model():
         {"kind": "decode", "batch_size": 2, "prefill_tokens": 0, "k_max": 3, "proposed": 6, "context_tokens": 40,
          "seconds": 0.05, "target_seconds": 0.03, "draft_seconds": 0.01},
     ])
-    parts = step_parts(steps, cost, 3).set_index("part")
+    parts = step_parts(steps, cost).set_index("part")
     assert parts.loc["prefill"].tolist() == pytest.approx([0.17, 0.1 + 0.03 + 0.01])
     assert parts.loc["verify", "predicted"] == pytest.approx(0.01 + 0.001 * 8 + 1e-5 * 40)
     assert parts.loc["draft", "predicted"] == pytest.approx(3 * 0.002)
