@@ -190,9 +190,9 @@ def point_pass(pair: ModelPair, runner: StepRunner, key: tuple, spread: float, r
 def machine_speed(pair: ModelPair, profile: pd.DataFrame, spread: float, temperature: float,
                   seed: int = 0) -> float:
     """How much slower the machine runs now than when ``profile`` was measured: the median over a few of the
-    profile's own decode and prefill points (the smallest and largest batch at the middle context, q = 1;
-    the draft at the largest batch; one prompt of the middle prefill length) of seconds now / seconds then.
-    A shared machine's speed drifts by several percent over minutes."""
+    profile's own points (target decode at the middle context: the smallest batch with q = 1, the largest
+    with q = 1 and with the largest q; the draft at the largest batch; one prompt of the middle prefill
+    length) of seconds now / seconds then. A shared machine's speed drifts by several percent over minutes."""
     rng = np.random.default_rng(seed)
     runner = StepRunner(pair.target, pair.draft, temperature, rng)
     decode = profile[(profile["phase"] == "decode") & (profile["query_len"] == 1)]
@@ -200,6 +200,8 @@ def machine_speed(pair: ModelPair, profile: pd.DataFrame, spread: float, tempera
     picks = [("target", decode["batch_size"].min()), ("target", decode["batch_size"].max()),
              ("draft", decode["batch_size"].max())]
     keys = [(role, "decode", int(b), 1, int(middle)) for role, b in picks]
+    verify = profile[(profile["role"] == "target") & (profile["phase"] == "decode")]
+    keys.append(("target", "decode", int(decode["batch_size"].max()), int(verify["query_len"].max()), int(middle)))
     prefill = profile[(profile["role"] == "target") & (profile["phase"] == "prefill")]
     if len(prefill):
         ones = prefill[prefill["batch_size"] == prefill["batch_size"].min()].sort_values("query_len")

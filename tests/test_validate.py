@@ -24,7 +24,7 @@ from simulator.workload import Workload  # noqa: E402
 pytestmark = pytest.mark.torch
 GRID = Grid(batch_sizes=(1, 2, 4), query_lens=(1, 2, 3), context_lens=(8, 32, 64), prefill_lens=(8, 24, 40),
             max_prefill_tokens=160)
-TIMING = TimingPolicy(warmup=1, min_repeats=3, max_repeats=3, point_seconds=0.1)
+TIMING = TimingPolicy(warmup=1, min_repeats=1, max_repeats=1)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def tiny(tmp_path_factory):
     pair = load_pair("tiny")
     profile = folder / "cpu__tiny.csv"
     profile_engine(pair, EngineProfileSettings(out=str(profile), grid=GRID, prefill_batch_sizes=(1, 2, 4),
-                                               timing=TIMING, rounds=2), log=lambda msg: None)
+                                               timing=TIMING, rounds=7), log=lambda msg: None)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 1000, 16).tolist() for _ in range(4)]
     engine = ServingEngine(pair.target, pair.draft, EngineConfig(max_k=2), make_policy("fixed-k", 2), None, rng)
@@ -45,8 +45,8 @@ def tiny(tmp_path_factory):
 
 def test_the_simulated_latency_is_close_to_the_real_engines(tiny):
     pair, profile, trace = tiny
-    settings = ValidateSettings(pair="tiny", rates=(40.0, 150.0), policies=("no-spec", "fixed-k:2"), num_requests=10,
-                                output_len=10, max_num_seqs=4, profile=profile, acceptance_trace=trace, sim_seeds=2)
+    settings = ValidateSettings(pair="tiny", rates=(40.0, 150.0), policies=("no-spec", "fixed-k:2"), num_requests=16,
+                                output_len=16, max_num_seqs=4, profile=profile, acceptance_trace=trace, sim_seeds=2)
     result = run_validation(pair, settings, log=lambda msg: None)
     table = result.table
     assert len(table) == 2 * 2 * 11 and set(table["policy"]) == {"no-spec", "fixed-k:2"}
@@ -55,7 +55,7 @@ def test_the_simulated_latency_is_close_to_the_real_engines(tiny):
     assert latency["rel_error"].abs().median() < 0.35, latency.to_string()
     # the real runs served every request with the workload's lengths
     for run in result.real.values():
-        assert run.requests["output_tokens"].tolist() == [10] * 10
+        assert run.requests["output_tokens"].tolist() == [16] * 16
     parts = result.parts.groupby("part")[["measured", "predicted"]].sum()
     assert parts.loc["draft", "measured"] > 0 and parts.loc["draft", "predicted"] > 0
 
