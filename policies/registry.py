@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from policies.base import Policy
 from simulator.errors import UserError

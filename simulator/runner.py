@@ -19,7 +19,7 @@ import simpy
 from policies.registry import load_policy_file, make_policy
 from simulator.acceptance import make_acceptance
 from simulator.config import SimConfig, config_hash
-from simulator.cost_model import CostModel, load_cost_model
+from simulator.cost_model import load_cost_model
 from simulator.engine import EngineSpec, ServingEngine
 from simulator.errors import UserError
 from simulator.memory import num_gpu_blocks

@@ -23,10 +23,10 @@ import pandas as pd
 
 from simulator.config import SimConfig, config_hash
 from simulator.errors import UserError
-from simulator.executors import Executor, LocalExecutor
+from simulator.executors import Executor
 from simulator.results import write_csv, write_json
 
-__all__ = ["Cell", "LocalExecutor", "build_cells", "parse_grid", "parse_policy_spec", "run_cell", "run_sweep"]
+__all__ = ["Cell", "build_cells", "parse_grid", "parse_policy_spec", "run_cell", "run_sweep"]
 
 
 @dataclass(frozen=True)
