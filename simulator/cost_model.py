@@ -107,6 +107,15 @@ class CostModel:
         """Seconds of one draft decode pass: one token for each of ``batch_size`` sequences."""
         raise NotImplementedError
 
+    def target_times(self, batch_size: int, query_tokens: int, context_tokens: Sequence[int]) -> list[float]:
+        """:meth:`target_time` for each of ``context_tokens`` (one per step of a run of the same batch). Each
+        entry equals the scalar call exactly (the engine's runs rely on it); faster than calls one by one."""
+        raise NotImplementedError
+
+    def draft_times(self, batch_size: int, context_tokens: Sequence[int]) -> list[float]:
+        """:meth:`draft_time` for each of ``context_tokens``, exactly as the scalar call."""
+        raise NotImplementedError
+
     def prefill_time(self, batch_size: int, prompt_tokens: int, role: str = "target") -> float:
         """Seconds of one prefill pass over ``batch_size`` prompts totalling ``prompt_tokens`` tokens
         (role ``draft``: the draft model's prefill)."""
@@ -150,19 +159,22 @@ class LinearCostModel(CostModel):
 
     # -- the interface (hot path: keep it plain Python) ----------------------------------------
     def target_time(self, batch_size: int, query_tokens: int, context_tokens: int) -> float:
-        lim_b, lim_c = self._far["target"]
-        if batch_size > lim_b or context_tokens > lim_c * batch_size:
-            self._warn_far("target", batch_size, context_tokens / batch_size)
+        self._check_far("target", batch_size, context_tokens)
         return self._decode("target", batch_size, query_tokens, context_tokens)
 
     def draft_time(self, batch_size: int, context_tokens: int) -> float:
-        if "draft" not in self._coef:
-            raise UserError(f"{self.path}: no draft decode costs (block 'draft', or rows with role draft, "
-                            "phase decode); a draft-model proposer needs them (or use --proposer ngram)")
-        lim_b, lim_c = self._far["draft"]
-        if batch_size > lim_b or context_tokens > lim_c * batch_size:
-            self._warn_far("draft", batch_size, context_tokens / batch_size)
+        self._check_draft()
+        self._check_far("draft", batch_size, context_tokens)
         return self._decode("draft", batch_size, batch_size, context_tokens)
+
+    def target_times(self, batch_size: int, query_tokens: int, context_tokens: Sequence[int]) -> list[float]:
+        self._check_far("target", batch_size, max(context_tokens))
+        return self._decodes("target", batch_size, query_tokens, context_tokens)
+
+    def draft_times(self, batch_size: int, context_tokens: Sequence[int]) -> list[float]:
+        self._check_draft()
+        self._check_far("draft", batch_size, max(context_tokens))
+        return self._decodes("draft", batch_size, batch_size, context_tokens)
 
     def prefill_time(self, batch_size: int, prompt_tokens: int, role: str = "target") -> float:
         block = BLOCKS[(role, "prefill")]
@@ -180,10 +192,26 @@ class LinearCostModel(CostModel):
     def has(self, role: str, phase: str) -> bool:
         return BLOCKS.get((role, phase)) in self._coef
 
+    def _check_draft(self) -> None:
+        if "draft" not in self._coef:
+            raise UserError(f"{self.path}: no draft decode costs (block 'draft', or rows with role draft, "
+                            "phase decode); a draft-model proposer needs them (or use --proposer ngram)")
+
+    def _check_far(self, block: str, batch_size: int, context_tokens: float) -> None:
+        lim_b, lim_c = self._far[block]
+        if batch_size > lim_b or context_tokens > lim_c * batch_size:
+            self._warn_far(block, batch_size, context_tokens / batch_size)
+
     # -- evaluation, overridden by the interp model ----------------------------------------------
     def _decode(self, block: str, batch_size: int, query_tokens: float, context_tokens: float) -> float:
         base, per_token, per_context, per_seq = self._coef[block]
         return base + per_token * query_tokens + per_context * context_tokens + per_seq * batch_size
+
+    def _decodes(self, block: str, batch_size: int, query_tokens: float, contexts: Sequence[int]) -> list[float]:
+        """:meth:`_decode` of each context total, the same arithmetic in the same order."""
+        base, per_token, per_context, per_seq = self._coef[block]
+        fixed, per_batch = base + per_token * query_tokens, per_seq * batch_size
+        return [fixed + per_context * c + per_batch for c in contexts]
 
     def _prefill(self, block: str, batch_size: int, prompt_tokens: float) -> float:
         base, per_token, per_token_sq, per_seq = self._coef[block]
@@ -231,6 +259,10 @@ class InterpCostModel(LinearCostModel):
 
     def _decode(self, block: str, batch_size: int, query_tokens: float, context_tokens: float) -> float:
         return self._tables[block]((batch_size, query_tokens / batch_size, context_tokens / batch_size))
+
+    def _decodes(self, block: str, batch_size: int, query_tokens: float, contexts: Sequence[int]) -> list[float]:
+        table, q = self._tables[block], query_tokens / batch_size
+        return [table((batch_size, q, c / batch_size)) for c in contexts]
 
     def _prefill(self, block: str, batch_size: int, prompt_tokens: float) -> float:
         return self._tables[block]((batch_size, prompt_tokens / batch_size))

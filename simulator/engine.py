@@ -36,7 +36,9 @@ per-pass cost too many). Times are seconds of simulated time; tokens are counts.
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
+from itertools import accumulate
 from dataclasses import dataclass
 
 import numpy as np
@@ -260,28 +262,29 @@ class ServingEngine:
     def _finish_prefills(self, chunks) -> None:
         """Advance chunks; requests whose prefill completed emit their first token and join the decode batch."""
         now = self.env.now
-        done_rids, done_blocks = [], []
+        joined: list[tuple[int, int, int, int]] = []  # (request id, ctx, left, blocks) of each new decoder
         for entry, chunk in chunks:
             entry[1] += chunk
             if entry[1] == entry[2]:
                 self.prefilling.remove(entry)
-                rid = entry[0]
+                rid, tokens = entry[0], entry[2]  # tokens = prompt + tokens generated before a preemption
                 self.rec.first_token(rid, now)
-                self.generated[rid] += 1
-                if self.generated[rid] >= self.output[rid]:
+                generated = int(self.generated[rid]) + 1
+                self.generated[rid] = generated
+                left = int(self.output[rid]) - generated
+                if left == 0:
                     self.free_blocks += entry[3]
                     self.rec.finish(rid, now)
                     continue
-                if self.generated[rid] == 1:  # not after a recompute: the request keeps its acceptance state
+                if generated == 1:  # not after a recompute: the request keeps its acceptance state
                     self.acceptance.start(rid)
-                done_rids.append(rid)
-                done_blocks.append(entry[3])
-        if done_rids:
-            ids = np.asarray(done_rids, dtype=np.int64)
-            self.rid = np.concatenate([self.rid, ids])
-            self.ctx = np.concatenate([self.ctx, self.prompt[ids] + self.generated[ids] - 1])
-            self.left = np.concatenate([self.left, self.output[ids] - self.generated[ids]])
-            self.blocks = np.concatenate([self.blocks, np.asarray(done_blocks, dtype=np.int64)])
+                joined.append((rid, tokens, left, entry[3]))  # ctx = prompt + generated - 1 = tokens
+        if joined:
+            rid, ctx, left, blocks = np.array(joined, dtype=np.int64).T
+            self.rid = np.concatenate([self.rid, rid])
+            self.ctx = np.concatenate([self.ctx, ctx])
+            self.left = np.concatenate([self.left, left])
+            self.blocks = np.concatenate([self.blocks, blocks])
 
     def _propose(self) -> np.ndarray:
         """Ask the policy for k per running request, validate it, and apply the n-gram lookup's misses."""
@@ -291,11 +294,12 @@ class ServingEngine:
         if not isinstance(k, np.ndarray) or k.shape != self.rid.shape:
             raise UserError(f"policy {self.policy.name}: propose() must return an int array of length "
                             f"{self.rid.size}, got {type(k).__name__} {getattr(k, 'shape', '')}")
-        if k.size and (k.min() < 0 or k.max() > self.spec.max_k):
+        values = k.tolist()  # plain Python: at batch sizes of tens, faster than numpy's reductions
+        if values and (min(values) < 0 or max(values) > self.spec.max_k):
             raise UserError(f"policy {self.policy.name}: proposed k outside [0, {self.spec.max_k}] "
-                            f"(got {int(k.min())}..{int(k.max())})")
+                            f"(got {min(values)}..{max(values)})")
         k = k.astype(np.int64, copy=False)
-        if not self.spec.draft_proposer and k.any():
+        if not self.spec.draft_proposer and any(values):
             k = np.where(self.ngram_rng.random(k.size) < self.spec.ngram_match_prob, k, 0)
         return k
 
@@ -364,48 +368,55 @@ class ServingEngine:
 
     def _retire(self, now: float) -> None:
         """Free the requests that have emitted all their tokens."""
-        done = self.left == 0
-        if done.any():
-            for r in self.rid[done].tolist():
-                self.rec.finish(r, now)
-                self.acceptance.finish(r)
-                self.policy.finish(r)
-            self.free_blocks += int(self.blocks[done].sum())
-            keep = ~done
-            self.rid, self.ctx, self.left, self.blocks = (self.rid[keep], self.ctx[keep], self.left[keep],
-                                                          self.blocks[keep])
+        left = self.left.tolist()
+        if 0 not in left:
+            return
+        rids, blocks = self.rid.tolist(), self.blocks.tolist()
+        for i, tokens in enumerate(left):
+            if tokens == 0:
+                self.rec.finish(rids[i], now)
+                self.acceptance.finish(rids[i])
+                self.policy.finish(rids[i])
+                self.free_blocks += blocks[i]
+        keep = self.left > 0
+        self.rid, self.ctx, self.left, self.blocks = (self.rid[keep], self.ctx[keep], self.left[keep],
+                                                      self.blocks[keep])
 
     # -- runs of decode steps (stationary policies) ----------------------------------------------
     def _decode_run(self):
         """Up to ``run_steps`` decode steps of the unchanged batch in one event (see the module docstring)."""
         proposed = self._propose()
-        batch, bs = self.rid.size, self.spec.block_size
+        now, bs = self.env.now, self.spec.block_size
         # Bound the run before drawing: every step emits >= 1 token per request, and steps only grow longer
         # (contexts grow), so no run outlasts the first finish or the step the next arrival falls into.
-        n = min(self.spec.run_steps, int(self.left.min()))
-        if not self.waiting and self.arrived < len(self.workload):
-            first = self._decode_seconds(proposed)
-            n = min(n, int((self.workload.arrival_time[self.arrived] - self.env.now) / first) + 1)
-        if proposed.any():
-            accepted = self.acceptance.draw_steps(self.rid, proposed, n)
-        else:
-            accepted = np.zeros((n, batch), dtype=np.int64)
+        left_min = min(self.left.tolist())
+        n = min(self.spec.run_steps, left_min)
+        arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
+                   else np.inf)
+        if not any(proposed.tolist()):
+            yield from self._quiet_run(n, left_min, arrival)
+            return
+        if arrival < np.inf:
+            first = float(self._run_seconds(self.ctx[None, :], proposed)[0])
+            n = min(n, int((arrival - now) / first) + 1)
+        accepted = self.acceptance.draw_steps(self.rid, proposed, n)
         emitted = np.cumsum(accepted + 1, axis=0)  # tokens after steps 0..j, before the per-request cap
-        before = np.vstack([np.zeros((1, batch), dtype=np.int64), emitted[:-1]])
-        ctx = self.ctx + before  # (steps, batch): context before each step
+        ctx = self.ctx + (emitted - accepted - 1)  # (steps, batch): context before each step
         need = (ctx + proposed + bs) // bs  # blocks during each step: ceil((ctx + k + 1) / bs)
         grow = np.maximum(need - self.blocks, 0).sum(axis=1)  # non-decreasing in the step
         n = min(n, int(np.searchsorted(grow, self.free_blocks, side="right")))  # steps whose blocks fit
-        finishing = (emitted >= self.left).any(axis=1)
-        if finishing[:n].any():
+        finishing = (emitted[:n] >= self.left).any(axis=1)
+        if finishing.any():
             n = int(np.argmax(finishing)) + 1
         if n == 0:
             yield from self._decode_step(proposed)  # this step must preempt
             return
-        starts, seconds = self._run_times(ctx, proposed, n)
-        n = len(seconds)
-        start, end = starts[0], starts[-1] + seconds[-1]
-        yield self.env.timeout(end - start)
+        seconds = self._run_seconds(ctx[:n], proposed)
+        clock = np.cumsum(np.concatenate(([now], seconds)))  # the step boundaries, summed as step by step
+        # cut after the step during which the next request arrives (it is admitted at that boundary)
+        n = min(n, int(np.searchsorted(clock[1:], arrival, side="right")) + 1)
+        yield self.env.timeout(float(clock[n]) - now)
+        batch = self.rid.size
         capped = np.minimum(emitted[n - 1], self.left)
         used_before = self.spec.num_gpu_blocks - self.free_blocks
         self.free_blocks -= int(grow[n - 1])
@@ -413,39 +424,72 @@ class ServingEngine:
         self.ctx = self.ctx + capped
         self.left = self.left - capped
         self.generated[self.rid] += capped
-        if proposed.any():
-            self.rec.decode(self.rid, proposed * n, accepted[:n].sum(axis=0), steps=n)
+        self.rec.decode(self.rid, proposed * n, accepted[:n].sum(axis=0), steps=n)
         if self.rec.steps is not None:
             per_step = np.diff(np.minimum(emitted[:n], self.left + capped), axis=0, prepend=0)
             for j in range(n):
-                self.rec.step(starts[j], seconds[j], "decode", batch, 0, used_before + int(grow[j]),
+                self.rec.step(float(clock[j]), float(seconds[j]), "decode", batch, 0, used_before + int(grow[j]),
                               len(self.waiting), proposed, accepted[j], per_step[j])
         else:
             self.rec.num_steps += n
         self._retire(self.env.now)
 
-    def _run_times(self, ctx: np.ndarray, proposed: np.ndarray, n: int) -> tuple[list[float], list[float]]:
-        """Start and duration (s) of each step of a run; cut after the step during which the next request
-        arrives when nobody waits (then it is admitted at the same boundary as step by step)."""
-        batch = self.rid.size
-        query = int(proposed.sum()) + batch
-        contexts = ctx[:n].sum(axis=1).tolist()
-        k_max = int(proposed.max()) if batch else 0
-        if k_max:
+    def _quiet_run(self, n: int, left_min: int, arrival: float):
+        """A run of at most ``n`` <= ``left_min`` steps in which nobody proposes (``left_min``: the fewest tokens
+        any running request has left to emit): each
+        request emits one token a step, so the steps are known before they run. Plain Python over the batch:
+        at serving batch sizes (tens) it beats small numpy calls several times over. The same steps, times
+        and blocks as :meth:`_decode_run`."""
+        now, batch, bs = self.env.now, self.rid.size, self.spec.block_size
+        ctx, blocks = self.ctx.tolist(), self.blocks.tolist()
+
+        def grow(j: int) -> int:
+            """Blocks the batch adds to hold step j (context ctx + j plus the token it verifies)."""
+            return sum(max((c + j + bs) // bs - b, 0) for c, b in zip(ctx, blocks))
+
+        context, overhead = sum(ctx), self.cost.overhead_time(batch)
+        if arrival < np.inf:  # steps only grow longer: the first one's length bounds the steps before it
+            n = min(n, int((arrival - now) / (self.cost.target_time(batch, batch, context) + overhead)) + 1)
+        # shape_seconds of each step, and the step boundaries summed in the same order as step by step
+        seconds = [t + overhead for t in self.cost.target_times(batch, batch, range(context, context + batch * n, batch))]
+        clock = list(accumulate(seconds, initial=now))
+        n = min(n, bisect_right(clock, arrival, 1))  # the step during which the next request arrives ends the run
+        added = grow(n - 1)
+        if added > self.free_blocks:  # grow(j) is non-decreasing: keep the steps whose blocks fit
+            n = bisect_right(range(n), self.free_blocks, key=grow)
+            if n == 0:
+                yield from self._decode_step(np.zeros(batch, dtype=np.int64))  # this step must preempt
+                return
+            added = grow(n - 1)
+        yield self.env.timeout(clock[n] - now)
+        used_before = self.spec.num_gpu_blocks - self.free_blocks
+        self.free_blocks -= added
+        self.blocks = np.maximum(self.blocks, (self.ctx + (n - 1 + bs)) // bs)
+        self.ctx = self.ctx + n
+        self.left = self.left - n
+        self.generated[self.rid] += n
+        if self.rec.steps is not None:
+            zeros, ones = np.zeros(batch, dtype=np.int64), np.ones(batch, dtype=np.int64)
+            for j in range(n):
+                self.rec.step(clock[j], seconds[j], "decode", batch, 0, used_before + grow(j), len(self.waiting),
+                              zeros, zeros, ones)
+        else:
+            self.rec.num_steps += n
+        if n == left_min:  # someone emitted its last token
+            self._retire(self.env.now)
+
+    def _run_seconds(self, ctx: np.ndarray, proposed: np.ndarray) -> np.ndarray:
+        """Seconds of steps whose contexts before the step are the rows of ``ctx`` (steps, batch), all with
+        proposals ``proposed``: :func:`policies.step_time.shape_seconds` of each row, bit for bit, in a fixed
+        handful of numpy calls."""
+        batch = proposed.size
+        seconds = np.array(self.cost.target_times(batch, int(proposed.sum()) + batch, ctx.sum(axis=1).tolist()))
+        seconds += self.cost.overhead_time(batch)
+        k_max = int(proposed.max())
+        if k_max and self.spec.draft_proposer:
             reach = proposed[:, None] >= np.arange(1, k_max + 1)  # (batch, pass): request i drafts in pass p
             seqs = reach.sum(axis=0)
-            draft_ctx = (ctx[:n] @ reach + seqs * np.arange(k_max)).tolist()  # (steps, pass)
-            seqs = seqs.tolist()
-        arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
-                   else np.inf)
-        t = self.env.now
-        starts, seconds = [], []
-        for j in range(n):
-            passes = tuple(zip(seqs, draft_ctx[j])) if k_max else ()
-            step = shape_seconds(self.cost, StepShape(batch, query, contexts[j], passes), self.spec.draft_proposer)
-            starts.append(t)
-            seconds.append(step)
-            t = t + step
-            if t > arrival:
-                break
-        return starts, seconds
+            draft_ctx = ctx @ reach + seqs * np.arange(k_max)  # (steps, pass): sum_i (c_i + p) over drafters
+            for p, sequences in enumerate(seqs.tolist()):
+                seconds += self.cost.draft_times(sequences, draft_ctx[:, p].tolist())
+        return seconds

@@ -123,6 +123,16 @@ def test_linear_model_answers_in_totals_as_sums_over_sequences():
     assert model.overhead_time(10) == pytest.approx(0.001 + 1e-4)
 
 
+@pytest.mark.filterwarnings("ignore:.*beyond the profiled grid")
+@pytest.mark.parametrize("fitter", ["linear", "interp"])
+def test_a_run_of_steps_is_priced_exactly_as_step_by_step(fitter):
+    """The engine prices a run's steps in one call; each must be the scalar call's float, bit for bit."""
+    model = load_cost_model(EXAMPLE_GRID, fitter)
+    contexts = list(range(300, 300 + 7 * 40, 7)) + [7 * 9000]  # the last one beyond the grid
+    assert model.target_times(7, 21, contexts) == [model.target_time(7, 21, c) for c in contexts]
+    assert model.draft_times(3, contexts) == [model.draft_time(3, c) for c in contexts]
+
+
 # -- the interp fitter ---------------------------------------------------------------------------
 def test_interp_reproduces_every_grid_point_exactly():
     table = read_profile(EXAMPLE_GRID)
