@@ -52,9 +52,6 @@ from simulator.errors import UserError
 from simulator.metrics import Recorder
 from simulator.workload import Workload
 
-_EMPTY = np.zeros(0, dtype=np.int64)
-
-
 @dataclass(frozen=True)
 class EngineSpec:
     """The scheduler's limits (resolved from :class:`simulator.config.SimConfig`)."""
@@ -91,20 +88,22 @@ class ServingEngine:
         self.rec = recorder
         self._check_fits()
         n = len(workload)
-        self.prompt = workload.prompt_tokens
-        self.output = workload.output_tokens
-        self.generated = np.zeros(n, dtype=np.int64)
+        self.prompt: list[int] = workload.prompt_tokens.tolist()
+        self.output: list[int] = workload.output_tokens.tolist()
+        self.generated = [0] * n
+        """Output tokens of each request not decoding now (a running one's is output - left)."""
         self.waiting: deque[int] = deque()
         self.arrived = 0
         self._wake: simpy.Event | None = None
         self.free_blocks = spec.num_gpu_blocks
         # Requests being prefilled: [request id, tokens already prefilled, tokens to prefill, blocks held].
         self.prefilling: list[list[int]] = []
-        # The decode batch, in admission order (newest last), as parallel arrays.
-        self.rid = _EMPTY
-        self.ctx = _EMPTY
-        self.left = _EMPTY
-        self.blocks = _EMPTY
+        # The decode batch, in admission order (newest last), as parallel lists of ints: at serving batch sizes
+        # (tens) plain Python beats small numpy calls several times over; the numpy paths convert.
+        self.rid: list[int] = []
+        self.ctx: list[int] = []
+        self.left: list[int] = []
+        self.blocks: list[int] = []
         # n-gram lookups hit or miss step by step, so only a draft model (or no speculation) runs steps together
         self.runs = (spec.run_steps > 1 and getattr(policy, "stationary", False) and not spec.chunked_prefill
                      and (spec.draft_proposer or not spec.speculative))
@@ -141,7 +140,7 @@ class ServingEngine:
         env = self.env
         n = len(self.workload)
         while True:
-            if not self.waiting and not self.prefilling and self.rid.size == 0:
+            if not self.waiting and not self.prefilling and not self.rid:
                 if self.arrived == n:
                     return
                 self._wake = env.event()
@@ -162,10 +161,10 @@ class ServingEngine:
         """Move waiting requests that fit (seats, token budget, blocks) into ``prefilling``; FCFS, no skipping."""
         s = self.spec
         budget = s.max_num_batched_tokens
-        seats = s.max_num_seqs - self.rid.size
+        seats = s.max_num_seqs - len(self.rid)
         while self.waiting and seats > 0:
             rid = self.waiting[0]
-            tokens = int(self.prompt[rid] + self.generated[rid])
+            tokens = self.prompt[rid] + self.generated[rid]
             blocks = -(-tokens // s.block_size)
             # A prompt longer than the budget is admitted alone (vLLM v0 would need the budget raised).
             if (tokens > budget and self.prefilling) or blocks > self.free_blocks:
@@ -189,23 +188,23 @@ class ServingEngine:
     # -- chunked prefill ------------------------------------------------------------------------
     def _chunked_step(self):
         s = self.spec
-        decoding = self.rid.size > 0
+        decoding = bool(self.rid)
         if decoding:
             proposed = self._propose()
             self._reserve_decode_blocks(proposed)
-            proposed = proposed[: self.rid.size]
-        budget = s.max_num_batched_tokens - (int(proposed.sum()) + self.rid.size if decoding else 0)
+            proposed = proposed[: len(self.rid)]
+        budget = s.max_num_batched_tokens - (int(proposed.sum()) + len(self.rid) if decoding else 0)
         chunks = self._plan_chunks(max(budget, 0))
-        if self.rid.size == 0 and not chunks:
+        if not self.rid and not chunks:
             raise RuntimeError("scheduler stalled: nothing to run")  # impossible after _check_fits
         # predict_step_seconds includes the step's overhead; a prefill-only step pays its own
-        seconds = self._decode_seconds(proposed) if self.rid.size else self.cost.overhead_time(len(chunks))
+        seconds = self._decode_seconds(proposed) if self.rid else self.cost.overhead_time(len(chunks))
         if chunks:
             seconds += self._prefill_seconds(chunks)
         start = self.env.now
         yield self.env.timeout(seconds)
-        kind = "mixed" if self.rid.size and chunks else ("decode" if self.rid.size else "prefill")
-        if self.rid.size:
+        kind = "mixed" if self.rid and chunks else ("decode" if self.rid else "prefill")
+        if self.rid:
             self._apply_decode(start, seconds, kind, proposed, sum(c for _, c in chunks))
         else:
             self.rec.step(start, seconds, kind, len(chunks), sum(c for _, c in chunks),
@@ -224,10 +223,10 @@ class ServingEngine:
                 break
             chunks.append((entry, chunk))
             budget -= chunk
-        seats = s.max_num_seqs - self.rid.size - len(self.prefilling)
+        seats = s.max_num_seqs - len(self.rid) - len(self.prefilling)
         while self.waiting and seats > 0 and budget > 0:
             rid = self.waiting[0]
-            entry = [rid, 0, int(self.prompt[rid] + self.generated[rid]), 0]
+            entry = [rid, 0, self.prompt[rid] + self.generated[rid], 0]
             chunk = self._grow_chunk(entry, budget)
             if chunk == 0:
                 break
@@ -262,38 +261,35 @@ class ServingEngine:
     def _finish_prefills(self, chunks) -> None:
         """Advance chunks; requests whose prefill completed emit their first token and join the decode batch."""
         now = self.env.now
-        joined: list[tuple[int, int, int, int]] = []  # (request id, ctx, left, blocks) of each new decoder
         for entry, chunk in chunks:
             entry[1] += chunk
             if entry[1] == entry[2]:
                 self.prefilling.remove(entry)
-                rid, tokens = entry[0], entry[2]  # tokens = prompt + tokens generated before a preemption
+                rid, tokens, blocks = entry[0], entry[2], entry[3]  # tokens: prompt + generated before a preemption
                 self.rec.first_token(rid, now)
-                generated = int(self.generated[rid]) + 1
-                self.generated[rid] = generated
-                left = int(self.output[rid]) - generated
+                self.generated[rid] += 1
+                left = self.output[rid] - self.generated[rid]
                 if left == 0:
-                    self.free_blocks += entry[3]
+                    self.free_blocks += blocks
                     self.rec.finish(rid, now)
                     continue
-                if generated == 1:  # not after a recompute: the request keeps its acceptance state
+                if self.generated[rid] == 1:  # not after a recompute: the request keeps its acceptance state
                     self.acceptance.start(rid)
-                joined.append((rid, tokens, left, entry[3]))  # ctx = prompt + generated - 1 = tokens
-        if joined:
-            rid, ctx, left, blocks = np.array(joined, dtype=np.int64).T
-            self.rid = np.concatenate([self.rid, rid])
-            self.ctx = np.concatenate([self.ctx, ctx])
-            self.left = np.concatenate([self.left, left])
-            self.blocks = np.concatenate([self.blocks, blocks])
+                self.rid.append(rid)
+                self.ctx.append(tokens)  # prompt + generated - 1
+                self.left.append(left)
+                self.blocks.append(blocks)
 
     def _propose(self) -> np.ndarray:
         """Ask the policy for k per running request, validate it, and apply the n-gram lookup's misses."""
-        view = BatchView(self.env.now, self.rid, self.ctx, self.generated[self.rid],
-                         len(self.waiting), self.policy_cost, self.spec.max_k, self.spec.draft_proposer)
+        view = BatchView(self.env.now, np.array(self.rid, dtype=np.int64), np.array(self.ctx, dtype=np.int64),
+                         np.array([self.output[r] - t for r, t in zip(self.rid, self.left)], dtype=np.int64),
+                         len(self.waiting),
+                         self.policy_cost, self.spec.max_k, self.spec.draft_proposer)
         k = self.policy.propose(view)
-        if not isinstance(k, np.ndarray) or k.shape != self.rid.shape:
+        if not isinstance(k, np.ndarray) or k.shape != (len(self.rid),):
             raise UserError(f"policy {self.policy.name}: propose() must return an int array of length "
-                            f"{self.rid.size}, got {type(k).__name__} {getattr(k, 'shape', '')}")
+                            f"{len(self.rid)}, got {type(k).__name__} {getattr(k, 'shape', '')}")
         values = k.tolist()  # plain Python: at batch sizes of tens, faster than numpy's reductions
         if values and (min(values) < 0 or max(values) > self.spec.max_k):
             raise UserError(f"policy {self.policy.name}: proposed k outside [0, {self.spec.max_k}] "
@@ -307,12 +303,12 @@ class ServingEngine:
         """Reserve the lookahead slots of this step, preempting newest requests while blocks run out."""
         bs = self.spec.block_size
         while True:
-            need = (self.ctx + proposed[: self.rid.size] + (bs)) // bs  # ceil((ctx + k + 1) / bs)
-            grow = np.maximum(need - self.blocks, 0)
-            total = int(grow.sum())
+            # ceil((ctx + k + 1) / bs) blocks each
+            grow = [max((c + k + bs) // bs - b, 0) for c, k, b in zip(self.ctx, proposed.tolist(), self.blocks)]
+            total = sum(grow)
             if total <= self.free_blocks:
                 self.free_blocks -= total
-                self.blocks = self.blocks + grow
+                self.blocks = [b + g for b, g in zip(self.blocks, grow)]
                 return
             self._preempt_newest()
 
@@ -323,12 +319,12 @@ class ServingEngine:
             rid, _, _, held = self.prefilling.pop()
             self.free_blocks += held
         else:
-            rid = int(self.rid[-1])
-            self.free_blocks += int(self.blocks[-1])
-            self.rid, self.ctx, self.left, self.blocks = (self.rid[:-1], self.ctx[:-1], self.left[:-1],
-                                                          self.blocks[:-1])
+            rid = self.rid.pop()
+            self.ctx.pop()
+            self.generated[rid] = self.output[rid] - self.left.pop()
+            self.free_blocks += self.blocks.pop()
             self.policy.finish(rid)
-        if self.rid.size == 0 and not self.prefilling:
+        if not self.rid and not self.prefilling:
             raise RuntimeError("preempted the only request")  # impossible after _check_fits
         self.waiting.appendleft(rid)
         self.rec.preempt(rid, now)
@@ -341,7 +337,7 @@ class ServingEngine:
         if proposed is None:
             proposed = self._propose()
         self._reserve_decode_blocks(proposed)
-        proposed = proposed[: self.rid.size]
+        proposed = proposed[: len(self.rid)]
         seconds = self._decode_seconds(proposed)
         start = self.env.now
         yield self.env.timeout(seconds)
@@ -351,84 +347,81 @@ class ServingEngine:
                       prefill_tokens: int) -> None:
         """Verification outcome: draw acceptances, append tokens, report to the policy, retire finished requests."""
         now = self.env.now
-        rid = self.rid
+        rid = np.array(self.rid, dtype=np.int64)
         if proposed.any():
             accepted = self.acceptance.draw(rid, proposed)
             self.rec.decode(rid, proposed, accepted)
         else:
             accepted = proposed  # all zeros
         emitted = np.minimum(accepted + 1, self.left)
-        self.ctx = self.ctx + emitted
-        self.left = self.left - emitted
-        self.generated[rid] += emitted
+        self._advance(emitted.tolist())
         self.rec.step(start, seconds, kind, rid.size, prefill_tokens, self.spec.num_gpu_blocks - self.free_blocks,
                       len(self.waiting), proposed, accepted, emitted)
         self.policy.observe(StepOutcome(now, rid, proposed, accepted, seconds))
         self._retire(now)
 
+    def _advance(self, emitted: list[int]) -> None:
+        """Each running request emitted ``emitted[i]`` tokens (they enter its context)."""
+        self.ctx = [c + e for c, e in zip(self.ctx, emitted)]
+        self.left = [t - e for t, e in zip(self.left, emitted)]
+
     def _retire(self, now: float) -> None:
         """Free the requests that have emitted all their tokens."""
-        left = self.left.tolist()
-        if 0 not in left:
-            return
-        rids, blocks = self.rid.tolist(), self.blocks.tolist()
-        for i, tokens in enumerate(left):
-            if tokens == 0:
-                self.rec.finish(rids[i], now)
-                self.acceptance.finish(rids[i])
-                self.policy.finish(rids[i])
-                self.free_blocks += blocks[i]
-        keep = self.left > 0
-        self.rid, self.ctx, self.left, self.blocks = (self.rid[keep], self.ctx[keep], self.left[keep],
-                                                      self.blocks[keep])
+        while 0 in self.left:
+            i = self.left.index(0)
+            rid = self.rid.pop(i)
+            del self.ctx[i], self.left[i]
+            self.generated[rid] = self.output[rid]
+            self.free_blocks += self.blocks.pop(i)
+            self.rec.finish(rid, now)
+            self.acceptance.finish(rid)
+            self.policy.finish(rid)
 
     # -- runs of decode steps (stationary policies) ----------------------------------------------
     def _decode_run(self):
         """Up to ``run_steps`` decode steps of the unchanged batch in one event (see the module docstring)."""
-        proposed = self._propose()
+        # A policy that can never speculate (spec.speculative False) need not be asked: nobody proposes.
+        proposed = self._propose() if self.spec.speculative else None
         now, bs = self.env.now, self.spec.block_size
         # Bound the run before drawing: every step emits >= 1 token per request, and steps only grow longer
         # (contexts grow), so no run outlasts the first finish or the step the next arrival falls into.
-        left_min = min(self.left.tolist())
+        left_min = min(self.left)
         n = min(self.spec.run_steps, left_min)
         arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
                    else np.inf)
-        if not any(proposed.tolist()):
+        if proposed is None or not any(proposed.tolist()):
             yield from self._quiet_run(n, left_min, arrival)
             return
+        rid, ctx0, left, blocks = (np.array(x, dtype=np.int64) for x in (self.rid, self.ctx, self.left, self.blocks))
         if arrival < np.inf:
-            first = float(self._run_seconds(self.ctx[None, :], proposed)[0])
+            first = self._run_seconds(ctx0[None, :], proposed)[0]
             n = min(n, int((arrival - now) / first) + 1)
-        accepted = self.acceptance.draw_steps(self.rid, proposed, n)
+        accepted = self.acceptance.draw_steps(rid, proposed, n)
         emitted = np.cumsum(accepted + 1, axis=0)  # tokens after steps 0..j, before the per-request cap
-        ctx = self.ctx + (emitted - accepted - 1)  # (steps, batch): context before each step
+        ctx = ctx0 + (emitted - accepted - 1)  # (steps, batch): context before each step
         need = (ctx + proposed + bs) // bs  # blocks during each step: ceil((ctx + k + 1) / bs)
-        grow = np.maximum(need - self.blocks, 0).sum(axis=1)  # non-decreasing in the step
+        grow = np.maximum(need - blocks, 0).sum(axis=1)  # non-decreasing in the step
         n = min(n, int(np.searchsorted(grow, self.free_blocks, side="right")))  # steps whose blocks fit
-        finishing = (emitted[:n] >= self.left).any(axis=1)
+        finishing = (emitted[:n] >= left).any(axis=1)
         if finishing.any():
             n = int(np.argmax(finishing)) + 1
         if n == 0:
             yield from self._decode_step(proposed)  # this step must preempt
             return
         seconds = self._run_seconds(ctx[:n], proposed)
-        clock = np.cumsum(np.concatenate(([now], seconds)))  # the step boundaries, summed as step by step
-        # cut after the step during which the next request arrives (it is admitted at that boundary)
-        n = min(n, int(np.searchsorted(clock[1:], arrival, side="right")) + 1)
-        yield self.env.timeout(float(clock[n]) - now)
-        batch = self.rid.size
-        capped = np.minimum(emitted[n - 1], self.left)
+        clock = list(accumulate(seconds, initial=now))  # the step boundaries, summed as step by step
+        n = min(n, bisect_right(clock, arrival, 1))  # the step during which the next request arrives ends the run
+        yield self.env.timeout(clock[n] - now)
+        batch = rid.size
         used_before = self.spec.num_gpu_blocks - self.free_blocks
         self.free_blocks -= int(grow[n - 1])
-        self.blocks = np.maximum(self.blocks, need[n - 1])
-        self.ctx = self.ctx + capped
-        self.left = self.left - capped
-        self.generated[self.rid] += capped
-        self.rec.decode(self.rid, proposed * n, accepted[:n].sum(axis=0), steps=n)
+        self.blocks = np.maximum(blocks, need[n - 1]).tolist()
+        self._advance(np.minimum(emitted[n - 1], left).tolist())
+        self.rec.decode(rid, proposed * n, accepted[:n].sum(axis=0), steps=n)
         if self.rec.steps is not None:
-            per_step = np.diff(np.minimum(emitted[:n], self.left + capped), axis=0, prepend=0)
+            per_step = np.diff(np.minimum(emitted[:n], left), axis=0, prepend=0)
             for j in range(n):
-                self.rec.step(float(clock[j]), float(seconds[j]), "decode", batch, 0, used_before + int(grow[j]),
+                self.rec.step(clock[j], seconds[j], "decode", batch, 0, used_before + int(grow[j]),
                               len(self.waiting), proposed, accepted[j], per_step[j])
         else:
             self.rec.num_steps += n
@@ -440,12 +433,16 @@ class ServingEngine:
         request emits one token a step, so the steps are known before they run. Plain Python over the batch:
         at serving batch sizes (tens) it beats small numpy calls several times over. The same steps, times
         and blocks as :meth:`_decode_run`."""
-        now, batch, bs = self.env.now, self.rid.size, self.spec.block_size
-        ctx, blocks = self.ctx.tolist(), self.blocks.tolist()
+        now, batch, bs = self.env.now, len(self.rid), self.spec.block_size
+        ctx, blocks = self.ctx, self.blocks
+
+        def held(j: int) -> list[int]:
+            """Blocks each request holds during step j (context ctx + j plus the token it verifies)."""
+            return [max(b, (c + j + bs) // bs) for c, b in zip(ctx, blocks)]
 
         def grow(j: int) -> int:
-            """Blocks the batch adds to hold step j (context ctx + j plus the token it verifies)."""
-            return sum(max((c + j + bs) // bs - b, 0) for c, b in zip(ctx, blocks))
+            """Blocks the batch adds to hold step j."""
+            return sum(held(j)) - sum(blocks)
 
         context, overhead = sum(ctx), self.cost.overhead_time(batch)
         if arrival < np.inf:  # steps only grow longer: the first one's length bounds the steps before it
@@ -454,20 +451,21 @@ class ServingEngine:
         seconds = [t + overhead for t in self.cost.target_times(batch, batch, range(context, context + batch * n, batch))]
         clock = list(accumulate(seconds, initial=now))
         n = min(n, bisect_right(clock, arrival, 1))  # the step during which the next request arrives ends the run
-        added = grow(n - 1)
+        after = held(n - 1)
+        added = sum(after) - sum(blocks)
         if added > self.free_blocks:  # grow(j) is non-decreasing: keep the steps whose blocks fit
             n = bisect_right(range(n), self.free_blocks, key=grow)
             if n == 0:
                 yield from self._decode_step(np.zeros(batch, dtype=np.int64))  # this step must preempt
                 return
-            added = grow(n - 1)
+            after = held(n - 1)
+            added = sum(after) - sum(blocks)
         yield self.env.timeout(clock[n] - now)
         used_before = self.spec.num_gpu_blocks - self.free_blocks
         self.free_blocks -= added
-        self.blocks = np.maximum(self.blocks, (self.ctx + (n - 1 + bs)) // bs)
-        self.ctx = self.ctx + n
-        self.left = self.left - n
-        self.generated[self.rid] += n
+        self.blocks = after
+        self.ctx = [c + n for c in ctx]
+        self.left = [t - n for t in self.left]
         if self.rec.steps is not None:
             zeros, ones = np.zeros(batch, dtype=np.int64), np.ones(batch, dtype=np.int64)
             for j in range(n):
@@ -478,18 +476,22 @@ class ServingEngine:
         if n == left_min:  # someone emitted its last token
             self._retire(self.env.now)
 
-    def _run_seconds(self, ctx: np.ndarray, proposed: np.ndarray) -> np.ndarray:
+    def _run_seconds(self, ctx: np.ndarray, proposed: np.ndarray) -> list[float]:
         """Seconds of steps whose contexts before the step are the rows of ``ctx`` (steps, batch), all with
-        proposals ``proposed``: :func:`policies.step_time.shape_seconds` of each row, bit for bit, in a fixed
-        handful of numpy calls."""
-        batch = proposed.size
-        seconds = np.array(self.cost.target_times(batch, int(proposed.sum()) + batch, ctx.sum(axis=1).tolist()))
-        seconds += self.cost.overhead_time(batch)
-        k_max = int(proposed.max())
+        proposals ``proposed``: :func:`policies.step_time.shape_seconds` of each row, bit for bit (the same
+        additions in the same order)."""
+        ks = proposed.tolist()
+        batch, k_max = len(ks), max(ks)
+        contexts = ctx.sum(axis=1).tolist()
+        overhead = self.cost.overhead_time(batch)
+        seconds = [t + overhead for t in self.cost.target_times(batch, sum(ks) + batch, contexts)]
         if k_max and self.spec.draft_proposer:
-            reach = proposed[:, None] >= np.arange(1, k_max + 1)  # (batch, pass): request i drafts in pass p
-            seqs = reach.sum(axis=0)
-            draft_ctx = ctx @ reach + seqs * np.arange(k_max)  # (steps, pass): sum_i (c_i + p) over drafters
-            for p, sequences in enumerate(seqs.tolist()):
-                seconds += self.cost.draft_times(sequences, draft_ctx[:, p].tolist())
+            if min(ks) == k_max:  # everyone drafts in every pass: pass p reads sum_i (c_i + p)
+                passes = [(batch, [c + batch * p for c in contexts]) for p in range(k_max)]
+            else:
+                reach = proposed[:, None] >= np.arange(1, k_max + 1)  # (batch, pass): request i drafts in pass p
+                seqs = reach.sum(axis=0)
+                passes = zip(seqs.tolist(), (ctx @ reach + seqs * np.arange(k_max)).T.tolist())
+            for sequences, pass_contexts in passes:
+                seconds = [t + d for t, d in zip(seconds, self.cost.draft_times(sequences, pass_contexts))]
         return seconds

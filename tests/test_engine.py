@@ -77,7 +77,7 @@ def test_every_request_gets_exactly_its_output_tokens(cost_json):
                            make_acceptance(config, np.random.default_rng(0)), np.random.default_rng(1), rec)
     engine.start()
     env.run()
-    assert engine.generated.tolist() == [1, 9, 33, 5]
+    assert engine.generated == [1, 9, 33, 5]
     assert engine.free_blocks == 200, "every block is returned"
     assert rec.finished == 4
 
