@@ -45,7 +45,7 @@ import numpy as np
 import simpy
 
 from policies.base import BatchView, Policy, StepOutcome
-from policies.step_time import StepShape, predict_step_seconds, shape_seconds
+from policies.step_time import predict_step_seconds
 from simulator.acceptance import AcceptanceModel
 from simulator.cost_model import CostModel
 from simulator.errors import UserError
