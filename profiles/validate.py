@@ -138,7 +138,6 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
 
     from policies.registry import make_policy
     from profiles.engine import EngineConfig, ServingEngine
-    from simulator.config import SimConfig
     from simulator.cost_model import load_cost_model
     from profiles.engine_profile import machine_speed
     from simulator.profile_table import read_profile
@@ -170,12 +169,9 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
                 make_policy(name, k, dict(params)), cost, np.random.default_rng(settings.seed))
             result = engine.run(workload, prompts)
             real[(rate, spec)] = result
-            config = SimConfig(arrival="poisson", rate=rate, num_requests=len(workload), policy=name, k=k,
-                               policy_params=params, profile=settings.profile, fitter=settings.fitter,
-                               acceptance="replay", acceptance_trace=settings.acceptance_trace,
-                               max_num_seqs=settings.max_num_seqs,
-                               max_num_batched_tokens=settings.max_num_batched_tokens,
-                               num_gpu_blocks=UNLIMITED_BLOCKS)
+            config = simulation_config(workload, name, k, params, settings.profile, settings.acceptance_trace,
+                                       settings.fitter, settings.max_num_seqs, settings.max_num_batched_tokens,
+                                       rate=rate)
             calibrated = scaled_profile(table, speed, Path(scratch.name) / f"speed{len(rows)}.csv")
             sims, sims_cal = ([run_simulation(c.replace(seed=s), workload=workload).summary
                                for s in range(settings.sim_seeds)]
@@ -192,6 +188,24 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
                 f"calibrated {np.mean([x['mean_latency'] for x in sims_cal]):.3f} s")
     scratch.cleanup()
     return Validation(pd.DataFrame(rows), pd.concat(parts, ignore_index=True), real)
+
+
+def simulation_config(workload: typing.Any, policy: str, k: int, params: tuple[tuple[str, typing.Any], ...],
+                      profile: str | Path, acceptance_trace: str | Path, fitter: str, max_num_seqs: int,
+                      max_num_batched_tokens: int = 2048, policy_profile: str | Path | None = None,
+                      rate: float = 1.0) -> typing.Any:
+    """The simulator's config for a run of the real engine on ``workload`` (module docstring): its cost
+    ``profile`` (``fitter``), the measured acceptance replayed, no KV-block limit (as the engine), the engine's
+    ``max_num_seqs`` and token budget; ``policy_profile``: what the policy prices its choices with (default the
+    profile). Pass ``workload=`` to :func:`simulator.runner.run_simulation` with it: the arrivals are the
+    workload's (``rate`` only names them in the config)."""
+    from simulator.config import SimConfig
+
+    return SimConfig(arrival="poisson", rate=rate, num_requests=len(workload), policy=policy, k=k,
+                     policy_params=tuple(params), profile=str(profile),
+                     policy_profile=None if policy_profile is None else str(policy_profile), fitter=fitter,
+                     acceptance="replay", acceptance_trace=str(acceptance_trace), max_num_seqs=max_num_seqs,
+                     max_num_batched_tokens=max_num_batched_tokens, num_gpu_blocks=UNLIMITED_BLOCKS)
 
 
 def scaled_profile(table: typing.Any, factor: float, path: Path) -> str:

@@ -1,0 +1,192 @@
+"""One request at a time on the real engine: target-only versus speculative decoding, the classic comparison.
+
+:func:`serve_one` serves a single prompt alone (:class:`profiles.engine.ServingEngine`, arriving at time 0,
+exactly ``output_len`` new tokens, greedy) under one policy and returns its latency, acceptance, step times
+and the memory the run held; :func:`predict` asks the simulator for the same run.
+
+Memory. torch counts no CPU allocations, so a run reports two figures defined by what they count (bytes):
+
+- ``weight_bytes``: the parameters and buffers of the models the run used (the target; with a draft proposer
+  also the draft), a tensor shared by both (the draft's embedding and tied head are the target's) once;
+- ``peak_kv_bytes``: the largest total size of the KV-cache tensors (keys and values of every layer, of the
+  target's and the draft's cache together; padding and not yet rolled-back slots included), read after
+  every forward pass: a verification pass appends k + 1 slots before the rejected ones are rolled back, so
+  this is the cache at its largest.
+
+``weight_bytes + peak_kv_bytes`` is the run's model memory: what ``torch.cuda.max_memory_allocated`` would
+report on a GPU, less the transient activations of a pass. The process's resident set is no measure of a
+run: after a warm-up the allocator serves a run from memory the process already holds (its peak grew by
+well under 1 MiB over a 100-token SmolLM2 run).
+
+The prediction is :func:`simulator.runner.run_simulation` on the same one-request workload, set up as
+:mod:`profiles.validate` sets up its simulations: the engine's cost profile (``run_sim.py profile
+--engine``), the measured acceptance replayed (``run_sim.py profile --acceptance``), no KV-block limit, the
+policy pricing its choices with ``policy_profile`` (default: the profile itself); averaged over seeds of the
+replay.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from transformers import Cache, PreTrainedModel
+
+from policies.registry import make_policy
+from profiles.engine import EngineConfig, EngineResult, ServingEngine
+from profiles.models_real import ModelPair
+from profiles.validate import DEFAULT_PROFILE, DEFAULT_TRACE, simulation_config
+from simulator.cost_model import CostModel
+from simulator.errors import UserError
+from simulator.runner import run_simulation
+from simulator.sweep import parse_policy_spec
+from simulator.workload import Workload
+
+MIB = 2**20
+#: Simulated figures :func:`predict` averages over seeds (seconds; acceptance rate; tokens per step).
+PREDICTED = ("mean_latency", "mean_ttft", "mean_tpot", "acceptance_rate", "mean_acceptance_length")
+
+
+@dataclass(frozen=True)
+class SingleRun:
+    """One request served alone under ``policy`` (a spec such as ``fixed-k:3``); memory in bytes."""
+
+    policy: str
+    result: EngineResult
+    """The engine's run: one request row, its steps (with the timed draft and target seconds), its output."""
+    weight_bytes: int
+    peak_kv_bytes: int
+
+    @property
+    def output(self) -> list[int]:
+        """The generated token ids."""
+        return self.result.outputs[0]
+
+    def row(self) -> dict[str, Any]:
+        """The run's figures, flat: seconds, tokens, tokens/s, MiB.
+
+        ``tokens_per_second`` is output tokens / latency (the prefill's first token included);
+        ``acceptance_rate`` accepted / proposed draft tokens, ``acceptance_length`` the tokens emitted per
+        speculative step, bonus token included (NaN without speculation), ``rejected_steps`` the speculative
+        steps that rejected a proposed token; ``draft_passes`` the draft forward passes, ``draft_seconds`` and
+        ``verify_seconds`` their and the target decode passes' timed seconds over the run, ``prefill_seconds``
+        the target and draft prefills'.
+        """
+        request = self.result.requests.iloc[0]
+        steps = self.result.steps
+        decode = steps[steps["kind"] == "decode"]
+        prefill = steps[steps["kind"] == "prefill"]
+        summary = self.result.summary
+        return {
+            "policy": self.policy,
+            "prompt_tokens": int(request["prompt_tokens"]),
+            "output_tokens": int(request["output_tokens"]),
+            "latency": float(request["latency"]),
+            "ttft": float(request["ttft"]),
+            "tokens_per_second": float(request["output_tokens"] / request["latency"]),
+            "decode_steps": len(decode),
+            "proposed_tokens": int(request["proposed_tokens"]),
+            "accepted_tokens": int(request["accepted_tokens"]),
+            "acceptance_rate": summary["acceptance_rate"],
+            "acceptance_length": summary["mean_acceptance_length"],
+            "rejected_steps": int((decode["accepted"] < decode["proposed"]).sum()),
+            "draft_passes": int(decode["k_max"].sum()),
+            "draft_seconds": float(decode["draft_seconds"].sum()),
+            "verify_seconds": float(decode["target_seconds"].sum()),
+            "prefill_seconds": float((prefill["target_seconds"] + prefill["draft_seconds"]).sum()),
+            "weight_mib": self.weight_bytes / MIB,
+            "peak_kv_mib": self.peak_kv_bytes / MIB,
+            "model_memory_mib": (self.weight_bytes + self.peak_kv_bytes) / MIB,
+        }
+
+
+def one_request(prompt_tokens: int, output_len: int) -> Workload:
+    """A workload of one request arriving at time 0 with ``prompt_tokens`` and ``output_len`` tokens."""
+    return Workload(np.zeros(1), [prompt_tokens], np.full(1, output_len),
+                    f"one request, prompt {prompt_tokens}, output {output_len}")
+
+
+def policy_k(spec: str) -> tuple[str, int, dict[str, Any]]:
+    """``NAME[:K][/PARAM=VALUE...]`` -> (name, k, params); ``no-spec`` needs no k (0), every other policy one."""
+    name, k, params = parse_policy_spec(spec)
+    if k is None and name != "no-spec":
+        raise UserError(f"policy {spec!r}: give the proposal length bound, NAME:K (e.g. {name}:3)")
+    return name, k or 0, dict(params)
+
+
+def serve_one(pair: ModelPair, prompt: Sequence[int], output_len: int, spec: str,
+              cost_model: CostModel | None = None, seed: int = 0) -> SingleRun:
+    """Serve ``prompt`` (token ids) alone for ``output_len`` tokens under policy ``spec``, greedy.
+
+    ``cost_model``: what a policy that prices its choices (``goodput``) sees; ``seed``: the engine's rng.
+    """
+    name, k, params = policy_k(spec)
+    engine = ServingEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=1, max_k=k),
+                           make_policy(name, k, params), cost_model, np.random.default_rng(seed))
+    models = [pair.target] + ([pair.draft] if engine.use_draft else [])
+    with KVMeter(models) as kv:
+        result = engine.run(one_request(len(prompt), output_len), [list(prompt)])
+    return SingleRun(spec, result, weight_bytes(models), kv.peak)
+
+
+def predict(prompt_tokens: int, output_len: int, spec: str, profile: str | Path = DEFAULT_PROFILE,
+            acceptance_trace: str | Path = DEFAULT_TRACE, policy_profile: str | Path | None = None,
+            fitter: str = "interp", seeds: int = 10) -> dict[str, float]:
+    """The simulator's :data:`PREDICTED` figures for one request served alone (module docstring), the mean
+    over ``seeds`` replays of ``acceptance_trace``."""
+    if seeds < 1:
+        raise UserError(f"predict: seeds must be >= 1 (got {seeds})")
+    name, k, params = policy_k(spec)
+    workload = one_request(prompt_tokens, output_len)
+    config = simulation_config(workload, name, k, tuple(params.items()), profile, acceptance_trace, fitter,
+                               max_num_seqs=1, policy_profile=policy_profile)
+    summaries = [run_simulation(config.replace(seed=s), workload=workload).summary for s in range(seeds)]
+    return {figure: float(np.mean([s[figure] for s in summaries])) for figure in PREDICTED}
+
+
+# -- memory ----------------------------------------------------------------------------------------
+def weight_bytes(models: Sequence[PreTrainedModel]) -> int:
+    """Bytes of the parameters and buffers of ``models``, each tensor once (shared tensors are counted once)."""
+    tensors = {}
+    for model in models:
+        for tensor in itertools.chain(model.parameters(), model.buffers()):
+            tensors[tensor.data_ptr()] = tensor.nbytes
+    return sum(tensors.values())
+
+
+def cache_bytes(cache: Cache) -> int:
+    """Bytes of a KV cache's key and value tensors, every layer."""
+    return sum(t.nbytes for layer in cache.layers for t in (layer.keys, layer.values) if isinstance(t, torch.Tensor))
+
+
+class KVMeter:
+    """While open, the largest total of the KV-cache bytes of ``models`` (:func:`cache_bytes` of each model's
+    cache after its last forward pass, summed over the models), read by forward hooks; ``peak`` is 0 until a
+    pass with a cache runs."""
+
+    def __init__(self, models: Sequence[PreTrainedModel]) -> None:
+        self.models = list(models)
+        self.peak = 0
+        self._held: dict[int, int] = {}
+        self._hooks: list[Any] = []
+
+    def __enter__(self) -> "KVMeter":
+        self._hooks = [model.register_forward_hook(self._after_pass, with_kwargs=True) for model in self.models]
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def _after_pass(self, model: torch.nn.Module, args: tuple, kwargs: dict[str, Any], output: Any) -> None:
+        cache = next((value for value in kwargs.values() if isinstance(value, Cache)), None)
+        if cache is not None:
+            self._held[id(model)] = cache_bytes(cache)
+            self.peak = max(self.peak, sum(self._held.values()))
+
