@@ -96,8 +96,8 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
         data = {**defaults, **data}
     for f in fields(SimConfig):
         value = getattr(args, f.name, None)
-        if value is None:
-            continue
+        if value is None or (f.name == "scheduler" and hasattr(args, "cluster") and "://" in value):
+            continue  # unset, or the address of a Dask scheduler (see _cluster)
         if f.name == "policy_params":
             value = parse_policy_params(value)
         elif not isinstance(value, bool):
@@ -197,7 +197,7 @@ def _sweep_and_plot(args: argparse.Namespace, base: SimConfig, policies: list[st
         if rate <= 0:
             raise UserError(f"--rates: every rate must be > 0, got {rate:g}")
     cells = build_cells(base, rates, policies, seeds, grid)
-    with make_executor(args.workers, getattr(args, "cluster", None)) as executor:  # the demo has no --cluster
+    with make_executor(args.workers, *_cluster(args)) as executor:
         summary = run_sweep(cells, args.out, executor, _progress(args.quiet))
     out = Path(args.out)
     figures = [plots.plot_latency_vs_rate(summary, out / "latency_vs_rate.png")]
@@ -318,6 +318,19 @@ def cmd_bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+def _cluster(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The Dask scheduler address the command was given, and the flag that gave it: ``--cluster ADDRESS``, or
+    ``--scheduler ADDRESS`` (an address such as ``tcp://HOST:8786``, not one of the engine's scheduling
+    policies, which keep their names). The demo has neither."""
+    scheduler = getattr(args, "scheduler", None)
+    cluster = getattr(args, "cluster", None)
+    if scheduler is not None and "://" in scheduler:
+        if cluster is not None and cluster != scheduler:
+            raise UserError(f"--scheduler {scheduler} and --cluster {cluster}: two different Dask schedulers; give one")
+        return scheduler, "--scheduler"
+    return cluster, "--cluster"
+
+
 def _add_run_flags(parser: argparse.ArgumentParser, out_default: str | None = None, cluster: bool = False) -> None:
     """``--out``, ``--workers``, ``--quiet``; and ``--cluster`` when the command can run on a Dask cluster."""
     from simulator.executors import default_workers
@@ -327,7 +340,8 @@ def _add_run_flags(parser: argparse.ArgumentParser, out_default: str | None = No
     if cluster:
         parser.add_argument("--cluster", metavar="tcp://HOST:PORT",
                             help="run the cells on this Dask distributed scheduler instead of local workers "
-                                 "(the dist extra; workers need specsim and the input files at the same paths)")
+                                 "(the dist extra; workers need specsim and the input files at the same paths); "
+                                 "--scheduler tcp://HOST:PORT says the same")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
 
 

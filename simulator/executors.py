@@ -1,8 +1,9 @@
 """Executors: where a sweep's cells run. One interface, ``map_unordered(fn, items)``, two implementations.
 
 - :class:`LocalExecutor` — worker processes on this machine (``--workers N``; 1 runs in this process).
-- :class:`DaskExecutor` — an existing Dask distributed cluster (``--cluster tcp://HOST:8786``; the ``dist``
-  extra). Each item is one ``client.submit``; results come back with ``as_completed``.
+- :class:`DaskExecutor` — an existing Dask distributed cluster (``--cluster tcp://HOST:8786``, or the same address
+  given as ``--scheduler``; the ``dist`` extra). Each item is one ``client.submit``; results come back with
+  ``as_completed``.
 
 Both yield results in completion order, so the caller can write each one as soon as it is done, and both
 are context managers (the Dask client is closed on exit). :func:`make_executor` is the one place that
@@ -67,29 +68,29 @@ class DaskExecutor:
     :class:`UserError` when the scheduler cannot be reached or the address is malformed.
     """
 
-    def __init__(self, address: str, connect_timeout: float = CONNECT_TIMEOUT) -> None:
+    def __init__(self, address: str, connect_timeout: float = CONNECT_TIMEOUT, flag: str = "--cluster") -> None:
         try:
             from distributed import Client
             from distributed.comm import parse_address, resolve_address
         except ImportError:
-            raise UserError(f"--cluster {address}: needs Dask distributed (pip install -e '.[dist]')") from None
+            raise UserError(f"{flag} {address}: needs Dask distributed (pip install -e '.[dist]')") from None
         # Check the address before making a Client: a Client whose constructor fails on a malformed
         # address stalls the interpreter's exit and prints a traceback when it is collected.
         try:
             scheme, _ = parse_address(resolve_address(address))
         except ValueError as exc:
-            raise UserError(f"--cluster: not a scheduler address, expected tcp://HOST:PORT (got {address!r}: "
+            raise UserError(f"{flag}: not a scheduler address, expected tcp://HOST:PORT (got {address!r}: "
                             f"{exc})") from None
         except OSError as exc:
-            raise UserError(f"--cluster: cannot reach a Dask scheduler at {address} ({exc})") from None
+            raise UserError(f"{flag}: cannot reach a Dask scheduler at {address} ({exc})") from None
         if scheme not in NETWORK_SCHEMES:
-            raise UserError(f"--cluster: scheme {scheme!r} is not a network address (got {address!r}; "
+            raise UserError(f"{flag}: scheme {scheme!r} is not a network address (got {address!r}; "
                             f"use tcp://HOST:PORT)")
         try:
             self.client = Client(address, timeout=connect_timeout, set_as_default=False)
         except (OSError, TimeoutError) as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise UserError(f"--cluster: cannot reach a Dask scheduler at {address} ({reason})") from None
+            raise UserError(f"{flag}: cannot reach a Dask scheduler at {address} ({reason})") from None
 
     def __enter__(self) -> "DaskExecutor":
         return self
@@ -113,6 +114,7 @@ def default_workers() -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 8))
 
 
-def make_executor(workers: int, cluster: str | None = None) -> LocalExecutor | DaskExecutor:
-    """The executor the flags ask for: a Dask cluster when ``cluster`` is given, else local workers."""
-    return DaskExecutor(cluster) if cluster else LocalExecutor(workers)
+def make_executor(workers: int, cluster: str | None = None, flag: str = "--cluster") -> LocalExecutor | DaskExecutor:
+    """The executor the flags ask for: a Dask cluster when ``cluster`` is given (by ``flag``, named in errors),
+    else local workers."""
+    return DaskExecutor(cluster, flag=flag) if cluster else LocalExecutor(workers)

@@ -64,16 +64,31 @@ def closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_an_unreachable_scheduler_ends_with_one_line_and_exit_2_within_seconds(cost_json, tmp_path):
+@pytest.mark.parametrize("flag", ["--cluster", "--scheduler"])
+def test_an_unreachable_scheduler_ends_with_one_line_and_exit_2_within_seconds(cost_json, tmp_path, flag):
     pytest.importorskip("distributed")
     address = f"tcp://127.0.0.1:{closed_port()}"
     start = time.monotonic()
     done = subprocess.run([sys.executable, str(REPO / "run_sim.py"), *sweep_argv(cost_json(), tmp_path / "o"),
-                           "--cluster", address], capture_output=True, text=True, timeout=60)
+                           flag, address], capture_output=True, text=True, timeout=60)
     assert time.monotonic() - start < 15
     assert done.returncode == 2
-    assert done.stderr.startswith(f"error: --cluster: cannot reach a Dask scheduler at {address}")
+    assert done.stderr.startswith(f"error: {flag}: cannot reach a Dask scheduler at {address}")
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_scheduler_names_the_dask_scheduler_when_it_is_an_address(dask_cluster, cost_json, tmp_path, capsys):
+    """The issue's spelling, --scheduler tcp://HOST:PORT; the engine's scheduling policies keep their names."""
+    profile = cost_json(per_batched_token=1e-4)
+    assert main(sweep_argv(profile, tmp_path / "a", "--scheduler", dask_cluster, "--quiet")) == 0
+    assert main(sweep_argv(profile, tmp_path / "b", "--scheduler", "chunked-prefill", "--cluster", dask_cluster,
+                           "--quiet")) == 0
+    assert main(sweep_argv(profile, tmp_path / "chunked", "--scheduler", "chunked-prefill", "--workers", "1",
+                           "--quiet")) == 0
+    hashes = {name: set(pd.read_csv(tmp_path / name / "summary.csv")["config_hash"]) for name in ("a", "b", "chunked")}
+    assert hashes["b"] == hashes["chunked"] != hashes["a"]
+    assert main(sweep_argv(profile, tmp_path / "c", "--scheduler", dask_cluster, "--cluster", "tcp://other:8786")) == 2
+    assert "two different Dask schedulers" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("address,problem", [("nope", "not a scheduler address"),
