@@ -37,14 +37,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import pandas as pd
 
 from simulator.config import SimConfig
-from simulator.csv_checks import refuse_first, whole_numbers
+from simulator.csv_checks import read_table, refuse_first, whole_numbers
 from simulator.errors import UserError, require
 
 #: Columns an acceptance trace must have (others are ignored).
@@ -291,30 +289,20 @@ def read_acceptance_trace(path: str) -> AcceptanceTrace:
     missing file or column, no rows, counts that are not whole numbers >= 0, accepted > proposed, a
     trace with no proposed token at all.
     """
-    require(Path(path).is_file(), f"{path}: file not found")
-    try:
-        frame = pd.read_csv(path, dtype=str, skip_blank_lines=True)
-    except pd.errors.EmptyDataError:
-        raise UserError(f"{path}: empty file, no header and no rows") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as error:
-        raise UserError(f"{path}: not a readable CSV file ({str(error).splitlines()[0]})") from None
-    frame.columns = [str(c).strip() for c in frame.columns]
-    for column in TRACE_COLUMNS:
-        require(column in frame.columns, f"{path}: missing column {column!r} "
-                f"(got columns {','.join(frame.columns)}; expected {','.join(TRACE_COLUMNS)})")
-    require(len(frame) > 0, f"{path}: no rows after the header (got 0 rows)")
-    ids = frame["request_id"].str.strip()
-    refuse_first(path, frame["request_id"], ids.isna().to_numpy() | (ids == "").to_numpy(), "must not be empty")
-    proposed = whole_numbers(path, frame["proposed"], 0)
-    accepted = whole_numbers(path, frame["accepted"], 0)
+    _, columns = read_table(path, {"steps": TRACE_COLUMNS})
+    ids = [cell.strip() for cell in columns["request_id"].cells]
+    refuse_first(path, columns["request_id"], np.array([not i for i in ids]), "must not be empty")
+    proposed = whole_numbers(path, columns["proposed"], 0)
+    accepted = whole_numbers(path, columns["accepted"], 0)
     over = accepted > proposed
     if over.any():
         i = int(np.argmax(over))
         raise UserError(f"{path}: line {i + 2}: accepted must be <= proposed "
                         f"(got accepted {accepted[i]}, proposed {proposed[i]})")
     require(proposed.sum() > 0, f"{path}: proposed is 0 on every row, nothing to learn acceptance from")
-    codes, _ = pd.factorize(ids, sort=False)
-    return AcceptanceTrace(path=path, request_index=codes.astype(np.int64), proposed=proposed, accepted=accepted)
+    index: dict[str, int] = {}  # request ids numbered in order of first appearance
+    codes = np.array([index.setdefault(i, len(index)) for i in ids], dtype=np.int64)
+    return AcceptanceTrace(path=path, request_index=codes, proposed=proposed, accepted=accepted)
 
 
 def fit_acceptance(trace: AcceptanceTrace) -> dict[str, Any]:

@@ -40,15 +40,17 @@ import os
 import warnings
 from bisect import bisect_right
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-import pandas as pd
 
 from simulator import profile_table
 from simulator.config import FITTERS
 from simulator.errors import UserError
 from simulator.profile_table import Memory, ProfileTable, meta_path, read_json, read_profile, write_atomic
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import pandas as pd
 
 METHODS = ("measured", "analytical", "hand-written")
 #: Coefficient names per kind of pass, in fitting priority (a feature collinear with earlier ones is dropped).
@@ -461,6 +463,8 @@ def fit_report(table: ProfileTable, fitter: str, holdout: float = 0.2, seed: int
             rows.append({"role": role, "phase": phase, "n_train": n - test.size, "n_test": int(test.size),
                          "mean_rel_error": float(error.mean()) if test.size else math.nan,
                          "max_rel_error": float(error.max()) if test.size else math.nan})
+    import pandas as pd
+
     return pd.DataFrame(rows, columns=REPORT_COLUMNS)
 
 

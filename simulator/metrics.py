@@ -13,9 +13,13 @@ per request-step that proposed at least one token, *including the bonus token* (
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import pandas as pd
 
 REQUEST_COLUMNS = ["request_id", "arrival_time", "first_token_time", "finish_time", "prompt_tokens",
                    "output_tokens", "proposed_tokens", "accepted_tokens", "preemptions"]
@@ -76,9 +80,10 @@ class Recorder:
             row = (int(proposed.max()), int(proposed.sum()), int(accepted.sum()), int(emitted.sum()))
         self.steps.append((start, seconds, kind, batch_size, prefill_tokens, *row, kv_blocks_used, num_waiting))
 
-    # -- frames ---------------------------------------------------------------------------------
-    def requests_frame(self) -> pd.DataFrame:
-        frame = pd.DataFrame({
+    # -- tables ---------------------------------------------------------------------------------
+    def columns(self) -> dict[str, np.ndarray]:
+        """The per-request table as arrays, :data:`REQUEST_COLUMNS` then :data:`DERIVED_COLUMNS`."""
+        columns = {
             "request_id": np.arange(len(self.arrival_time), dtype=np.int64),
             "arrival_time": self.arrival_time,
             "first_token_time": self.first_token_time,
@@ -88,10 +93,17 @@ class Recorder:
             "proposed_tokens": self.proposed,
             "accepted_tokens": self.accepted,
             "preemptions": self.preemptions,
-        })
-        return add_derived(frame)
+        }
+        return {**columns, **derived(columns)}
+
+    def requests_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame(self.columns())
 
     def steps_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         return pd.DataFrame(self.steps or [], columns=STEP_COLUMNS)
 
     def acceptance_length(self) -> float:
@@ -100,40 +112,43 @@ class Recorder:
         return (int(self.accepted.sum()) + steps) / steps if steps else float("nan")
 
 
-def add_derived(frame: pd.DataFrame) -> pd.DataFrame:
-    """Add ttft, tpot, latency and norm_latency (seconds; see module docstring) to a per-request frame."""
-    out = frame.copy()
-    out["ttft"] = out["first_token_time"] - out["arrival_time"]
-    decode_tokens = (out["output_tokens"] - 1).where(out["output_tokens"] > 1)
-    out["tpot"] = (out["finish_time"] - out["first_token_time"]) / decode_tokens
-    out["latency"] = out["finish_time"] - out["arrival_time"]
-    out["norm_latency"] = out["latency"] / out["output_tokens"]
-    return out
+def derived(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """ttft, tpot, latency and norm_latency (seconds; module docstring) of per-request columns (arrays, or a
+    DataFrame's columns)."""
+    arrival, first, finish = (np.asarray(columns[c], dtype=np.float64)
+                              for c in ("arrival_time", "first_token_time", "finish_time"))
+    output = np.asarray(columns["output_tokens"], dtype=np.float64)
+    latency = finish - arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(output > 1, (finish - first) / (output - 1), np.nan)
+    return {"ttft": first - arrival, "tpot": tpot, "latency": latency, "norm_latency": latency / output}
 
 
-def summarize(requests: pd.DataFrame, acceptance_length: float = float("nan")) -> dict[str, float]:
+def summarize(requests: Mapping[str, np.ndarray], acceptance_length: float = float("nan")) -> dict[str, float]:
     """The figures of ``summary.json``: mean/p50/p90/p99 of latency, norm_latency, ttft, tpot (seconds),
-    throughput (requests/s), goodput (generated tokens/s), acceptance rate and length, preemptions."""
-    out: dict[str, float] = {"requests": int(len(requests))}
+    throughput (requests/s), goodput (generated tokens/s), acceptance rate and length, preemptions.
+    ``requests``: the per-request columns (:meth:`Recorder.columns`, or a DataFrame of them)."""
+    n = len(requests["request_id"])
+    out: dict[str, float] = {"requests": n}
     for col in DERIVED_COLUMNS:
-        values = requests[col].to_numpy(dtype=float)
+        values = np.asarray(requests[col], dtype=float)
         values = values[~np.isnan(values)]
         out[f"mean_{col}"] = float(values.mean()) if values.size else float("nan")
         for q in (50, 90, 99):
             out[f"p{q}_{col}"] = float(np.percentile(values, q)) if values.size else float("nan")
-    start = float(requests["arrival_time"].min()) if len(requests) else 0.0
-    end = float(requests["finish_time"].max()) if len(requests) else 0.0
+    start = float(np.min(requests["arrival_time"])) if n else 0.0
+    end = float(np.max(requests["finish_time"])) if n else 0.0
     span = end - start
-    tokens = int(requests["output_tokens"].sum())
+    tokens = int(np.sum(requests["output_tokens"]))
     out["simulated_seconds"] = span
-    out["throughput"] = len(requests) / span if span > 0 else float("nan")
+    out["throughput"] = n / span if span > 0 else float("nan")
     out["goodput"] = tokens / span if span > 0 else float("nan")
     out["output_tokens"] = tokens
-    proposed = int(requests["proposed_tokens"].sum())
-    accepted = int(requests["accepted_tokens"].sum())
+    proposed = int(np.sum(requests["proposed_tokens"]))
+    accepted = int(np.sum(requests["accepted_tokens"]))
     out["proposed_tokens"] = proposed
     out["accepted_tokens"] = accepted
     out["acceptance_rate"] = accepted / proposed if proposed else float("nan")
     out["mean_acceptance_length"] = acceptance_length
-    out["preemptions"] = int(requests["preemptions"].sum())
+    out["preemptions"] = int(np.sum(requests["preemptions"]))
     return out

@@ -23,13 +23,15 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from simulator.errors import UserError
 from simulator.results import atomic_write
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import pandas as pd
 
 ROLES = ("target", "draft")
 PHASES = ("prefill", "decode", "overhead")
@@ -106,6 +108,8 @@ def meta_path(path: str | os.PathLike) -> Path:
 
 def read_profile(path: str | os.PathLike) -> ProfileTable:
     """Read and validate a profile CSV and its metadata (if present). Bad input raises :class:`UserError`."""
+    import pandas as pd
+
     p = Path(path)
     if not p.is_file():
         raise UserError(f"{path}: no such profile file")
@@ -132,6 +136,8 @@ def write_profile(frame: pd.DataFrame, meta: dict, path: str | os.PathLike) -> N
 def validate_frame(frame: pd.DataFrame, where: str) -> pd.DataFrame:
     """A copy of ``frame`` with checked, typed columns; the first bad cell raises a one-line UserError
     naming ``where``, the 1-based data row and the value."""
+    import pandas as pd
+
     for column in REQUIRED_COLUMNS:
         if column not in frame.columns:
             raise UserError(f"{where}: missing column {column!r} (columns: {', '.join(map(str, frame.columns))})")
@@ -190,6 +196,8 @@ def _check_meta(meta: Any, where: str) -> None:
 def _numeric(raw: pd.Series, where: str, minimum: float, strict: bool = False, integer: bool = False,
              allow_missing: bool = False) -> pd.Series:
     """``raw`` as float64 numbers, checked to be ``>= minimum`` (``> minimum`` if ``strict``)."""
+    import pandas as pd
+
     values = pd.to_numeric(raw, errors="coerce").astype(float)
     missing = raw.isna()
     bad = (values.isna() & ~missing) | (missing & (not allow_missing))

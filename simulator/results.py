@@ -11,9 +11,10 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, IO
+from typing import IO, TYPE_CHECKING, Any, Callable
 
-import pandas as pd
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import pandas as pd
 
 
 def atomic_write(path: str | Path, write: Callable[[IO[str]], None]) -> None:

@@ -6,14 +6,14 @@ the others and the same config gives the same results bit for bit.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from policies.registry import load_policy_file, make_policy
@@ -27,15 +27,28 @@ from simulator.metrics import Recorder, summarize
 from simulator.results import atomic_write, write_csv, write_json
 from simulator.workload import Workload, build_workload
 
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import pandas as pd
+
 
 @dataclass(frozen=True)
 class SimResult:
-    """What one run produced: per-request rows, per-step rows (``None`` unless ``save_steps``), the summary."""
+    """What one run produced: the summary, and per-request and per-step tables (pandas DataFrames, made on
+    first use: a caller that needs only the summary, such as a sweep's cell, never imports pandas)."""
 
     config: SimConfig
-    requests: pd.DataFrame
-    steps: pd.DataFrame | None
     summary: dict[str, Any]
+    recorder: Recorder
+
+    @functools.cached_property
+    def requests(self) -> pd.DataFrame:
+        """One row per request (:data:`simulator.metrics.REQUEST_COLUMNS` and the derived ones)."""
+        return self.recorder.requests_frame()
+
+    @functools.cached_property
+    def steps(self) -> pd.DataFrame | None:
+        """One row per engine step, ``None`` unless the config's ``save_steps``."""
+        return self.recorder.steps_frame() if self.config.save_steps else None
 
 
 def is_speculative(config: SimConfig) -> bool:
@@ -79,8 +92,7 @@ def run_simulation(config: SimConfig, workload: Workload | None = None) -> SimRe
     env.run()
     if recorder.finished != len(workload):
         raise RuntimeError(f"{len(workload) - recorder.finished} requests never finished")
-    requests = recorder.requests_frame()
-    summary = summarize(requests, recorder.acceptance_length())
+    summary = summarize(recorder.columns(), recorder.acceptance_length())
     summary.update({
         "policy": config.policy,
         "k": config.k,
@@ -92,8 +104,7 @@ def run_simulation(config: SimConfig, workload: Workload | None = None) -> SimRe
         "config_hash": config_hash(config),
         "wall_seconds": time.perf_counter() - wall,
     })
-    steps = recorder.steps_frame() if config.save_steps else None
-    return SimResult(config, requests, steps, summary)
+    return SimResult(config, summary, recorder)
 
 
 #: Formats of the per-request and per-step tables (``--format``); ``auto`` is Parquet when pyarrow is importable.

@@ -44,12 +44,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 
 from simulator.config import SimConfig
-from simulator.csv_checks import finite_numbers, refuse_first, show_cell, whole_numbers
+from simulator.csv_checks import Column, finite_numbers, read_table, refuse_first, show_cell, whole_numbers
 from simulator.errors import UserError, require
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import pandas as pd
 
 #: Trace formats by name: the columns holding (time, prompt tokens, output tokens).
 TRACE_FORMATS: dict[str, tuple[str, str, str]] = {
@@ -99,6 +103,8 @@ class Workload:
     def to_frame(self) -> pd.DataFrame:
         """Columns ``arrival_time,prompt_tokens,output_tokens``: the plain trace format, so that
         ``to_frame().to_csv(path, index=False)`` writes a file :func:`read_trace` replays as is."""
+        import pandas as pd
+
         return pd.DataFrame({"arrival_time": self.arrival_time, "prompt_tokens": self.prompt_tokens,
                              "output_tokens": self.output_tokens})
 
@@ -211,65 +217,42 @@ def read_trace(path: str) -> Workload:
 
     Azure times are made relative to the first row; plain times are kept. Bad input: :class:`UserError`.
     """
-    name, frame = _read_table(path, TRACE_FORMATS)
-    time_column, prompt_column, output_column = TRACE_FORMATS[name]
-    times = _timestamps(path, frame[time_column]) if name == "azure" else _seconds(path, frame[time_column])
+    name, columns = read_table(path, TRACE_FORMATS)
+    time_column, prompt_column, output_column = (columns[c] for c in TRACE_FORMATS[name])
+    times = _timestamps(path, time_column) if name == "azure" else _seconds(path, time_column)
     first_back = np.flatnonzero(np.diff(times) < 0)
     if len(first_back):
         i = first_back[0] + 1
-        raw = frame[time_column]
-        raise UserError(f"{path}: line {i + 2}: {time_column} goes backwards, traces must be sorted by time "
-                        f"(got {show_cell(raw.iloc[i])} after {show_cell(raw.iloc[i - 1])})")
-    return Workload(times, _token_counts(path, frame[prompt_column]), _token_counts(path, frame[output_column]),
+        cells = time_column.cells
+        raise UserError(f"{path}: line {i + 2}: {time_column.name} goes backwards, traces must be sorted by time "
+                        f"(got {show_cell(cells[i])} after {show_cell(cells[i - 1])})")
+    return Workload(times, _token_counts(path, prompt_column), _token_counts(path, output_column),
                     f"trace {Path(path).name}")
 
 
 def read_lengths(path: str) -> tuple[np.ndarray, np.ndarray]:
     """Prompt and output lengths (int64 tokens, >= 1), one pair per row of a length file."""
-    name, frame = _read_table(path, LENGTH_FORMATS)
-    prompt_column, output_column = LENGTH_FORMATS[name]
-    return _token_counts(path, frame[prompt_column]), _token_counts(path, frame[output_column])
+    name, columns = read_table(path, LENGTH_FORMATS)
+    prompt_column, output_column = (columns[c] for c in LENGTH_FORMATS[name])
+    return _token_counts(path, prompt_column), _token_counts(path, output_column)
 
 
-def _read_table(path: str, formats: dict[str, tuple[str, ...]]) -> tuple[str, pd.DataFrame]:
-    """The first format whose columns the header has, and those columns of the file (at least one row)."""
-    require(Path(path).is_file(), f"{path}: file not found")
-    try:
-        header = list(pd.read_csv(path, nrows=0).columns)
-    except pd.errors.EmptyDataError:
-        raise UserError(f"{path}: empty file, no header and no rows") from None
-    except (pd.errors.ParserError, UnicodeDecodeError) as error:
-        raise UserError(f"{path}: not a readable CSV file ({str(error).splitlines()[0]})") from None
-    matching = [name for name, columns in formats.items() if set(columns) <= set(header)]
-    if not matching:
-        closest = max(formats.values(), key=lambda columns: len(set(columns) & set(header)))
-        missing = next(c for c in closest if c not in header)
-        expected = " or ".join(",".join(columns) for columns in formats.values())
-        raise UserError(f"{path}: missing column {missing!r} (got columns {','.join(map(str, header))}; "
-                        f"expected {expected})")
-    name = matching[0]
-    try:
-        frame = pd.read_csv(path, usecols=list(formats[name]))
-    except (pd.errors.ParserError, UnicodeDecodeError) as error:
-        raise UserError(f"{path}: not a readable CSV file ({str(error).splitlines()[0]})") from None
-    require(len(frame) > 0, f"{path}: no rows after the header (got 0 rows)")
-    return name, frame
-
-
-def _token_counts(path: str, raw: pd.Series) -> np.ndarray:
+def _token_counts(path: str, column: Column) -> np.ndarray:
     """The column as int64 token counts, each a whole number >= 1."""
-    return whole_numbers(path, raw, 1, "token")
+    return whole_numbers(path, column, 1, "token")
 
 
-def _seconds(path: str, raw: pd.Series) -> np.ndarray:
+def _seconds(path: str, column: Column) -> np.ndarray:
     """The column as float64 seconds, each finite and >= 0."""
-    values = finite_numbers(path, raw)
-    refuse_first(path, raw, values < 0, "must be >= 0 seconds")
+    values = finite_numbers(path, column)
+    refuse_first(path, column, values < 0, "must be >= 0 seconds")
     return values
 
 
-def _timestamps(path: str, raw: pd.Series) -> np.ndarray:
+def _timestamps(path: str, column: Column) -> np.ndarray:
     """Absolute ISO 8601 timestamps as float64 seconds after the first row (zones, if given, honoured)."""
-    stamps = pd.to_datetime(raw, format="ISO8601", errors="coerce", utc=True)
-    refuse_first(path, raw, stamps.isna().to_numpy(), "must be a timestamp like 2023-11-16 18:15:46.6805900")
+    import pandas as pd  # only traces with absolute timestamps need its ISO 8601 parser
+
+    stamps = pd.to_datetime(pd.Series(column.cells).str.strip(), format="ISO8601", errors="coerce", utc=True)
+    refuse_first(path, column, stamps.isna().to_numpy(), "must be a timestamp like 2023-11-16 18:15:46.6805900")
     return ((stamps - stamps.iloc[0]) / pd.Timedelta(seconds=1)).to_numpy(dtype=np.float64)

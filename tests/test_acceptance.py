@@ -237,7 +237,7 @@ def test_fit_recovers_position_probabilities(tmp_path: Path) -> None:
     ("request_id,proposed,accepted\n", ["no rows"]),
     ("request_id,proposed\n1,3\n", ["missing column 'accepted'"]),
     ("request_id,proposed,accepted\n1,3,2\n1,3,4\n", ["line 3", "accepted must be <= proposed", "accepted 4"]),
-    ("request_id,proposed,accepted\n1,-1,0\n", ["line 2", "proposed must be >= 0", "'-1'"]),
+    ("request_id,proposed,accepted\n1,-1,0\n", ["line 2", "proposed must be >= 0", "(got -1)"]),
     ("request_id,proposed,accepted\n1,3,2\n1,3,two\n", ["line 3", "accepted must be a finite number", "'two'"]),
     ("request_id,proposed,accepted\n1,3,\n", ["line 2", "accepted", "empty or NaN cell"]),
     ("request_id,proposed,accepted\n1,0,0\n2,0,0\n", ["proposed is 0 on every row"]),

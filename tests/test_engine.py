@@ -254,3 +254,19 @@ def test_runs_of_steps_match_single_steps_statistically_with_speculation(cost_js
     latency = [np.mean(r.finish_time - r.arrival_time) for r in (single, runs)]
     assert latency[1] == pytest.approx(latency[0], rel=0.03)
     assert runs.acceptance_length() == pytest.approx(single.acceptance_length(), rel=0.01)
+
+
+def test_a_simulation_never_imports_pandas(tmp_path):
+    """Start-up is part of a run's cost (the bench counts it): the simulation path reads its CSV files, runs
+    and summarises without pandas, which takes longer to import than 10,000 requests take to simulate."""
+    import subprocess
+    import sys
+
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("prompt_tokens,output_tokens\n100,20\n300,50\n")
+    code = (f"import sys; from simulator.config import SimConfig; from simulator.runner import run_simulation; "
+            f"r = run_simulation(SimConfig(rate=2.0, num_requests=50, length_dist='file', length_file={str(lengths)!r})); "
+            f"assert r.summary['requests'] == 50; print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas'))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

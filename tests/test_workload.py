@@ -255,7 +255,7 @@ def bad_trace_message(tmp_path, text: str) -> str:
     (PLAIN + "-1,5,5\n", "line 2: arrival_time must be >= 0 seconds (got -1)"),
     (PLAIN + "soon,5,5\n", "line 2: arrival_time must be a finite number (got 'soon')"),
     (PLAIN + "0,5,5\n2,5,5\n2,5,5\n1.5,5,5\n",
-     "line 5: arrival_time goes backwards, traces must be sorted by time (got 1.5 after 2.0)"),
+     "line 5: arrival_time goes backwards, traces must be sorted by time (got 1.5 after 2)"),
     (AZURE + "yesterday,10,5\n",
      "line 3: TIMESTAMP must be a timestamp like 2023-11-16 18:15:46.6805900 (got 'yesterday')"),
     (AZURE + "2023-11-16 18:15:40.0000000,10,5\n",
@@ -283,3 +283,19 @@ def test_bad_length_file_names_its_column(tmp_path):
         read_lengths(other)
     with pytest.raises(UserError, match="zero.csv: line 2: num_prefill_tokens"):
         build(length_dist="file", length_file=zero)
+
+
+@pytest.mark.parametrize("text, expected", [
+    (PLAIN + "0,5,5\n1,5,5,7\n", "line 3: 4 cells, more than the header's 3 (not a readable CSV file)"),
+    (PLAIN + "0,5,5\n1,5\n", "line 3: output_tokens must be a finite number (got an empty or NaN cell)"),
+])
+def test_a_row_of_the_wrong_width_is_refused(tmp_path, text, expected):
+    assert bad_trace_message(tmp_path, text) == expected
+
+
+def test_blank_lines_header_spaces_quotes_and_extra_columns_are_read_as_a_person_means_them(tmp_path):
+    path = write(tmp_path / "t.csv", ' arrival_time , prompt_tokens,output_tokens,"note, free text"\n\n'
+                                     '0, 5 ,3,"a, b"\n\n1.5,7,2.0,x\n')
+    trace = read_trace(path)
+    assert trace.arrival_time.tolist() == [0.0, 1.5]
+    assert trace.prompt_tokens.tolist() == [5, 7] and trace.output_tokens.tolist() == [3, 2]
