@@ -18,6 +18,9 @@ from typing import Any, Callable
 from simulator.config import SimConfig
 from simulator.errors import UserError
 
+if typing.TYPE_CHECKING:  # pragma: no cover - typing only
+    import pandas as pd
+
 EXIT_USER_ERROR = 2
 
 
@@ -219,7 +222,7 @@ def _sweep_and_plot(args: argparse.Namespace, base: SimConfig, policies: list[st
     return summary, figures
 
 
-def print_table(summary: "pd.DataFrame", column: str = "mean_latency") -> None:
+def print_table(summary: pd.DataFrame, column: str = "mean_latency") -> None:
     """Rates down, policies across: ``column`` averaged over seeds."""
     table = summary.groupby(["rate", "policy"], sort=False)[column].mean().unstack("policy")
     print(f"{column} (s), seeds averaged; rows: request rate (req/s)")
