@@ -1,4 +1,5 @@
-"""Shared fixtures: hand-written cost models, a user policy file, and the location of the shared traces."""
+"""Shared fixtures: hand-written cost models, a user policy file, the tiny model pair, and the location of the
+shared traces."""
 from __future__ import annotations
 
 import json
@@ -51,3 +52,13 @@ def every_other_policy(tmp_path) -> Path:
         "    def propose(self, view):\n"
         "        return np.where(view.request_ids % 2 == 0, self.k, 0)\n")
     return path
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """The tiny random-weight draft/target pair (:func:`profiles.models_real.load_pair`), on one CPU thread."""
+    torch = pytest.importorskip("torch")
+    from profiles.models_real import load_pair
+
+    torch.set_num_threads(1)
+    return load_pair("tiny")

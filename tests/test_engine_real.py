@@ -29,12 +29,6 @@ POLICIES = [("no-spec", 0, {}), ("fixed-k", 1, {}), ("fixed-k", 3, {}), ("thresh
 
 
 @pytest.fixture(scope="module")
-def pair():
-    torch.set_num_threads(1)
-    return load_pair("tiny")
-
-
-@pytest.fixture(scope="module")
 def close_draft(pair):
     """The target with noise on its output head: agrees with the target's argmax often, not always."""
     draft = copy.deepcopy(pair.target)

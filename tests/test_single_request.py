@@ -10,18 +10,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from profiles.models_real import draft_config, load_pair, new_draft  # noqa: E402
+from profiles.models_real import draft_config, new_draft  # noqa: E402
 from profiles.single_request import policy_k, predict, serve_one, weight_bytes  # noqa: E402
 from simulator.errors import UserError  # noqa: E402
 
 pytestmark = pytest.mark.torch
 PROMPT, OUTPUT_LEN = 12, 9
-
-
-@pytest.fixture(scope="module")
-def pair():
-    torch.set_num_threads(1)
-    return load_pair("tiny")
 
 
 @pytest.fixture(scope="module")
