@@ -43,7 +43,7 @@ import numpy as np
 from policies.base import BatchView, Policy, StepOutcome
 from policies.params import ParamReader
 from policies.registry import register
-from policies.step_time import StepShape, shape_seconds, step_shape
+from policies.step_time import StepShape, shape_seconds, step_shape, uniform_step_shape
 
 MODES = ("batch", "request")
 ACCEPTANCE = ("global", "request", "position")
@@ -163,9 +163,10 @@ class Goodput(Policy):
         k_max = min(self.k, view.max_k)
         table = self.expected_tokens_table(view.request_ids, k_max)
         totals = table.sum(axis=0)
+        context_tokens = int(view.context_lens.sum())
         best_k, best = 0, -1.0
         for k in range(k_max + 1):
-            shape = step_shape(view.context_lens, [k] * view.batch_size)
+            shape = uniform_step_shape(view.batch_size, context_tokens, k)
             value = self._goodput(float(totals[k]), shape, view)
             if value > best:
                 best_k, best = k, value

@@ -64,13 +64,20 @@ def step_shape(context_lens: Sequence[int] | np.ndarray, ks: Sequence[int] | np.
     batch = int(kk.size)
     context_tokens = int(ctx.sum())
     k_max = int(kk.max()) if batch else 0
-    if k_max == 0:
-        return StepShape(batch, batch, context_tokens, ())
+    if batch == 0 or int(kk.min()) == k_max:  # one k for everyone: no-spec, fixed k, a batch-wide decision
+        return uniform_step_shape(batch, context_tokens, k_max)
     # requests proposing exactly k, and their context tokens; pass j runs every request with k_i >= j
     seqs = np.cumsum(np.bincount(kk, minlength=k_max + 1)[::-1])[::-1][1:]
     tokens = np.cumsum(np.bincount(kk, weights=ctx, minlength=k_max + 1)[::-1])[::-1][1:]
     tokens = tokens.astype(np.int64) + seqs * np.arange(k_max, dtype=np.int64)
     return StepShape(batch, int(kk.sum()) + batch, context_tokens, tuple(zip(seqs.tolist(), tokens.tolist())))
+
+
+def uniform_step_shape(batch_size: int, context_tokens: int, k: int) -> StepShape:
+    """:func:`step_shape` of a batch in which every request proposes ``k`` (``context_tokens`` = sum_i c_i),
+    in O(k) plain arithmetic: every draft pass runs the whole batch, pass j reading sum_i (c_i + j - 1)."""
+    passes = tuple((batch_size, context_tokens + batch_size * j) for j in range(k)) if batch_size else ()
+    return StepShape(batch_size, batch_size * (k + 1), context_tokens, passes)
 
 
 def shape_seconds(cost_model: "CostModel", shape: StepShape, draft_cost: bool) -> float:

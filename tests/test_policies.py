@@ -355,3 +355,16 @@ def test_user_policy_file_that_registers_nothing_is_a_user_error(tmp_path):
     path.write_text("X = 1\n")
     with pytest.raises(UserError, match="registers no policy"):
         load_policy_file(str(path))
+
+
+@pytest.mark.parametrize("batch, k", [(0, 0), (1, 0), (3, 1), (7, 5)])
+def test_a_uniform_step_shape_is_the_step_shape_of_a_batch_proposing_one_k(batch, k):
+    from policies.step_time import uniform_step_shape
+
+    contexts = np.arange(100, 100 + 37 * batch, 37)
+    general = step_shape(contexts, np.full(batch, k))  # every k equal: the general formula's fast path
+    assert uniform_step_shape(batch, int(contexts.sum()), k) == general
+    mixed = step_shape(np.append(contexts, 50), np.append(np.full(batch, k), k + 1))  # one more pass for one
+    assert mixed.draft_passes[:k] == tuple((seqs + 1, tokens + 50 + j) for j, (seqs, tokens) in
+                                           enumerate(general.draft_passes))
+    assert mixed.draft_passes[k] == (1, 50 + k)
