@@ -43,7 +43,7 @@ import numpy as np
 from policies.base import BatchView, Policy, StepOutcome
 from policies.params import ParamReader
 from policies.registry import register
-from policies.step_time import StepShape, shape_seconds, step_shape, uniform_step_shape
+from policies.step_time import shape_seconds, step_shape, uniform_step_seconds
 
 MODES = ("batch", "request")
 ACCEPTANCE = ("global", "request", "position")
@@ -162,12 +162,12 @@ class Goodput(Policy):
         """Set ``_last_k`` (the best uniform k) and, in request mode, ``_last_by_request``."""
         k_max = min(self.k, view.max_k)
         table = self.expected_tokens_table(view.request_ids, k_max)
-        totals = table.sum(axis=0)
-        context_tokens = int(view.context_lens.sum())
+        totals = table.sum(axis=0).tolist()
+        seconds = uniform_step_seconds(view.cost_model, view.batch_size, int(view.context_lens.sum()), k_max,
+                                       view.draft_cost)
         best_k, best = 0, -1.0
         for k in range(k_max + 1):
-            shape = uniform_step_shape(view.batch_size, context_tokens, k)
-            value = self._goodput(float(totals[k]), shape, view)
+            value = self._goodput(totals[k], seconds[k], k > 0)
             if value > best:
                 best_k, best = k, value
         self._last_k = best_k
@@ -175,10 +175,10 @@ class Goodput(Policy):
             ks = self._hill_climb(view, table, best_k, best)
             self._last_by_request = dict(zip(view.request_ids.tolist(), ks.tolist()))
 
-    def _goodput(self, tokens: float, shape: StepShape, view: BatchView) -> float:
+    def _goodput(self, tokens: float, seconds: float, speculates: bool) -> float:
         """Expected tokens per predicted second; times ``bonus`` when nobody speculates."""
-        value = tokens / shape_seconds(view.cost_model, shape, view.draft_cost)
-        return value * self.bonus if shape.query_tokens == shape.batch_size else value
+        value = tokens / seconds
+        return value if speculates else value * self.bonus
 
     def _hill_climb(self, view: BatchView, table: np.ndarray, k_start: int, start: float) -> np.ndarray:
         """Per-request k from the uniform ``k_start``: best single +-1 move while it raises goodput.
@@ -204,7 +204,8 @@ class Goodput(Policy):
                         continue
                     cand_shape = shape.moved(level, int(ctx[i]), delta)
                     cand_tokens = tokens + table[i, level + delta] - table[i, level]
-                    value = self._goodput(cand_tokens, cand_shape, view)
+                    value = self._goodput(cand_tokens, shape_seconds(view.cost_model, cand_shape, view.draft_cost),
+                                          cand_shape.query_tokens > cand_shape.batch_size)
                     if value > best:
                         move, best = (i, delta, cand_shape, cand_tokens), value
             if move is None:

@@ -80,6 +80,23 @@ def uniform_step_shape(batch_size: int, context_tokens: int, k: int) -> StepShap
     return StepShape(batch_size, batch_size * (k + 1), context_tokens, passes)
 
 
+def uniform_step_seconds(cost_model: "CostModel", batch_size: int, context_tokens: int, k_max: int,
+                         draft_cost: bool) -> list[float]:
+    """:func:`shape_seconds` of :func:`uniform_step_shape` for k = 0..k_max, bit for bit (the same additions in
+    the same order), pricing each draft pass once: what a batch-wide choice of k compares."""
+    overhead = cost_model.overhead_time(batch_size)
+    drafts = ([cost_model.draft_time(batch_size, context_tokens + batch_size * j) for j in range(k_max)]
+              if draft_cost else [])
+    out = []
+    for k in range(k_max + 1):
+        seconds = cost_model.target_time(batch_size, batch_size * (k + 1), context_tokens)
+        seconds += overhead
+        for draft in drafts[:k]:
+            seconds += draft
+        out.append(float(seconds))
+    return out
+
+
 def shape_seconds(cost_model: "CostModel", shape: StepShape, draft_cost: bool) -> float:
     """Seconds of a step of this shape: draft passes (if ``draft_cost``) + verification + overhead."""
     seconds = cost_model.target_time(shape.batch_size, shape.query_tokens, shape.context_tokens)

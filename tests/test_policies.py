@@ -368,3 +368,16 @@ def test_a_uniform_step_shape_is_the_step_shape_of_a_batch_proposing_one_k(batch
     assert mixed.draft_passes[:k] == tuple((seqs + 1, tokens + 50 + j) for j, (seqs, tokens) in
                                            enumerate(general.draft_passes))
     assert mixed.draft_passes[k] == (1, 50 + k)
+
+
+@pytest.mark.parametrize("draft_cost", [True, False])
+def test_the_candidate_ks_of_a_batch_wide_choice_are_priced_exactly_as_their_shapes(draft_cost):
+    from pathlib import Path
+
+    from policies.step_time import shape_seconds, uniform_step_seconds, uniform_step_shape
+    from simulator.cost_model import load_cost_model
+
+    model = load_cost_model(Path(__file__).resolve().parents[1] / "profiles" / "data" / "example_grid.csv", "interp")
+    seconds = uniform_step_seconds(model, 6, 6 * 700, 5, draft_cost)
+    assert seconds == [shape_seconds(model, uniform_step_shape(6, 6 * 700, k), draft_cost) for k in range(6)]
+    assert seconds == sorted(seconds) and seconds[5] > seconds[0]  # more tokens verified (and drafted) cost more
