@@ -282,10 +282,10 @@ class ServingEngine:
 
     def _propose(self) -> np.ndarray:
         """Ask the policy for k per running request, validate it, and apply the n-gram lookup's misses."""
+        generated = [self.output[r] - t for r, t in zip(self.rid, self.left)]
         view = BatchView(self.env.now, np.array(self.rid, dtype=np.int64), np.array(self.ctx, dtype=np.int64),
-                         np.array([self.output[r] - t for r, t in zip(self.rid, self.left)], dtype=np.int64),
-                         len(self.waiting),
-                         self.policy_cost, self.spec.max_k, self.spec.draft_proposer)
+                         np.array(generated, dtype=np.int64), len(self.waiting), self.policy_cost, self.spec.max_k,
+                         self.spec.draft_proposer)
         k = self.policy.propose(view)
         if not isinstance(k, np.ndarray) or k.shape != (len(self.rid),):
             raise UserError(f"policy {self.policy.name}: propose() must return an int array of length "
