@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Sequence
 from itertools import accumulate
 from dataclasses import dataclass
 
@@ -393,9 +394,8 @@ class ServingEngine:
             yield from self._quiet_run(n, left_min, arrival)
             return
         rid, ctx0, left, blocks = (np.array(x, dtype=np.int64) for x in (self.rid, self.ctx, self.left, self.blocks))
-        if arrival < np.inf:
-            first = self._run_seconds(ctx0[None, :], proposed)[0]
-            n = min(n, int((arrival - now) / first) + 1)
+        ks = proposed.tolist()
+        n = self._bound_by_arrival(n, arrival, self._run_seconds([sum(self.ctx)], ks, ctx0[None, :])[0])
         accepted = self.acceptance.draw_steps(rid, proposed, n)
         emitted = np.cumsum(accepted + 1, axis=0)  # tokens after steps 0..j, before the per-request cap
         ctx = ctx0 + (emitted - accepted - 1)  # (steps, batch): context before each step
@@ -408,9 +408,8 @@ class ServingEngine:
         if n == 0:
             yield from self._decode_step(proposed)  # this step must preempt
             return
-        seconds = self._run_seconds(ctx[:n], proposed)
-        clock = list(accumulate(seconds, initial=now))  # the step boundaries, summed as step by step
-        n = min(n, bisect_right(clock, arrival, 1))  # the step during which the next request arrives ends the run
+        seconds = self._run_seconds(ctx[:n].sum(axis=1).tolist(), ks, ctx[:n])
+        clock, n = self._clock(seconds, arrival)
         yield self.env.timeout(clock[n] - now)
         batch = rid.size
         used_before = self.spec.num_gpu_blocks - self.free_blocks
@@ -429,10 +428,9 @@ class ServingEngine:
 
     def _quiet_run(self, n: int, left_min: int, arrival: float):
         """A run of at most ``n`` <= ``left_min`` steps in which nobody proposes (``left_min``: the fewest tokens
-        any running request has left to emit): each
-        request emits one token a step, so the steps are known before they run. Plain Python over the batch:
-        at serving batch sizes (tens) it beats small numpy calls several times over. The same steps, times
-        and blocks as :meth:`_decode_run`."""
+        any running request has left to emit): each request emits one token a step, so the steps are known
+        before they run. Plain Python over the batch: at serving batch sizes (tens) it beats small numpy calls
+        several times over. The same steps, times and blocks as :meth:`_decode_run`."""
         now, batch, bs = self.env.now, len(self.rid), self.spec.block_size
         ctx, blocks = self.ctx, self.blocks
 
@@ -444,13 +442,10 @@ class ServingEngine:
             """Blocks the batch adds to hold step j."""
             return sum(held(j)) - sum(blocks)
 
-        context, overhead = sum(ctx), self.cost.overhead_time(batch)
-        if arrival < np.inf:  # steps only grow longer: the first one's length bounds the steps before it
-            n = min(n, int((arrival - now) / (self.cost.target_time(batch, batch, context) + overhead)) + 1)
-        # shape_seconds of each step, and the step boundaries summed in the same order as step by step
-        seconds = [t + overhead for t in self.cost.target_times(batch, batch, range(context, context + batch * n, batch))]
-        clock = list(accumulate(seconds, initial=now))
-        n = min(n, bisect_right(clock, arrival, 1))  # the step during which the next request arrives ends the run
+        context, ks = sum(ctx), [0] * batch
+        n = self._bound_by_arrival(n, arrival, self._run_seconds([context], ks)[0])
+        seconds = self._run_seconds(range(context, context + batch * n, batch), ks)
+        clock, n = self._clock(seconds, arrival)
         after = held(n - 1)
         added = sum(after) - sum(blocks)
         if added > self.free_blocks:  # grow(j) is non-decreasing: keep the steps whose blocks fit
@@ -476,19 +471,29 @@ class ServingEngine:
         if n == left_min:  # someone emitted its last token
             self._retire(self.env.now)
 
-    def _run_seconds(self, ctx: np.ndarray, proposed: np.ndarray) -> list[float]:
-        """Seconds of steps whose contexts before the step are the rows of ``ctx`` (steps, batch), all with
-        proposals ``proposed``: :func:`policies.step_time.shape_seconds` of each row, bit for bit (the same
-        additions in the same order)."""
-        ks = proposed.tolist()
+    def _bound_by_arrival(self, n: int, arrival: float, first: float) -> int:
+        """At most ``n`` steps, and none that start after the step during which the next request arrives
+        (``arrival``; inf: none is due): steps only grow longer, so the first one's ``first`` seconds bound them."""
+        return n if arrival == np.inf else min(n, int((arrival - self.env.now) / first) + 1)
+
+    def _clock(self, seconds: list[float], arrival: float) -> tuple[list[float], int]:
+        """The boundaries of steps of ``seconds`` from now (summed in the same order as step by step), and how
+        many of them run: up to the one during which the next request arrives (admitted at its end)."""
+        clock = list(accumulate(seconds, initial=self.env.now))
+        return clock, min(len(seconds), bisect_right(clock, arrival, 1))
+
+    def _run_seconds(self, contexts: Sequence[int], ks: list[int], ctx: np.ndarray | None = None) -> list[float]:
+        """Seconds of steps of the batch proposing ``ks``, whose context totals before each step are
+        ``contexts``: :func:`policies.step_time.shape_seconds` of each, bit for bit (the same additions in the
+        same order). ``ctx`` (steps, batch), each request's context, is needed only when the ks differ."""
         batch, k_max = len(ks), max(ks)
-        contexts = ctx.sum(axis=1).tolist()
         overhead = self.cost.overhead_time(batch)
         seconds = [t + overhead for t in self.cost.target_times(batch, sum(ks) + batch, contexts)]
         if k_max and self.spec.draft_proposer:
             if min(ks) == k_max:  # everyone drafts in every pass: pass p reads sum_i (c_i + p)
                 passes = [(batch, [c + batch * p for c in contexts]) for p in range(k_max)]
             else:
+                proposed = np.array(ks, dtype=np.int64)
                 reach = proposed[:, None] >= np.arange(1, k_max + 1)  # (batch, pass): request i drafts in pass p
                 seqs = reach.sum(axis=0)
                 passes = zip(seqs.tolist(), (ctx @ reach + seqs * np.arange(k_max)).T.tolist())
