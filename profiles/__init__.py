@@ -1,11 +1,16 @@
-"""specsim's contact with real models: forward-pass profiles and the data shipped with them.
+"""specsim's contact with real models: measuring costs, and the real serving engine the simulator is checked
+against (needs the ``profile`` extra: torch and transformers, except where noted).
 
-- :mod:`profiles.forward`: the forward passes (prefill, decode/verify over a KV cache) that the profiler
-  times and the real engine runs; needs torch and transformers (the ``profile`` extra).
-- :mod:`profiles.profiler` and :mod:`profiles.cli` (``run_sim.py profile``): measured profiles on a grid;
-  the grid, timing rule and reports work without torch.
-- :mod:`profiles.analytical`: roofline profiles of A100, H100 and H200 from architecture configs.
-- ``profiles/models/*.json``: architecture configs (HF ``config.json`` style; no weights).
+Layers, each importing only those below it:
+
+- :mod:`profiles.models`: architecture configs (``profiles/models/*.json``, no weights), the forward passes
+  (eager Hugging Face, and the optimized in-place-cache path) and the checked draft/target pairs.
+- :mod:`profiles.serving`: the real serving engine (continuous batching, speculative decoding, the same
+  policies and per-request schema as the simulator).
+- measuring, at this level: :mod:`.profiler` and :mod:`.cli` (``run_sim.py profile``; the grid, timing rule
+  and reports work without torch), :mod:`.analytical` (roofline profiles), :mod:`.engine_profile` (the real
+  engine's own step costs), :mod:`.acceptance` (acceptance traces of a real pair), :mod:`.train_draft`.
+- :mod:`profiles.validation`: simulated versus real (``run_sim.py validate``) and the single-request study.
 - ``profiles/data/``: shipped profiles, ``<hardware>__<target>__<draft>.csv`` + ``.meta.json``.
-- ``profiles/h200_profile.sh``: the prepared GPU profiling run (``TINY=1`` rehearses it on a CPU).
+- ``profiles/gpu_run.sh``: the prepared GPU run (``TINY=1`` rehearses it on a CPU).
 """

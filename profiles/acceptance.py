@@ -1,7 +1,7 @@
 """Measured acceptance of a real draft/target pair: the simulator's replay trace, and quick greedy figures.
 
 ``python run_sim.py profile --acceptance --out profiles/data/acceptance__smollm2.csv`` serves every shipped
-prompt (:func:`profiles.models_real.read_prompts`) with the real engine (:mod:`profiles.engine`), all
+prompt (:func:`profiles.models.pairs.read_prompts`) with the real engine (:mod:`profiles.engine`), all
 arriving at once, under ``fixed-k`` speculation with the draft, and writes each request's verification steps
 as ``request_id,proposed,accepted`` rows in step order: the format :class:`simulator.acceptance.ReplayAcceptance`
 replays. It then prints :func:`simulator.acceptance.fit_acceptance`'s figures (pooled rate, Beta, per
@@ -20,8 +20,8 @@ import pandas as pd
 import torch
 
 from policies.registry import make_policy
-from profiles.engine import EngineConfig, EngineResult, ServingEngine
-from profiles.models_real import ModelPair, encode_prompts, read_prompts
+from profiles.serving.engine import EngineConfig, EngineResult, ServingEngine
+from profiles.models.pairs import ModelPair, encode_prompts, read_prompts
 from simulator.acceptance import fit_acceptance, read_acceptance_trace
 from simulator.errors import UserError
 from simulator.profile_table import write_atomic

@@ -144,7 +144,7 @@ def real_engine(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise UserError(f"profile: the real engine needs the profile extra (pip install -e '.[profile]'): "
                         f"{exc}") from None
-    from profiles.models_real import load_pair
+    from profiles.models.pairs import load_pair
 
     torch.set_num_threads(args.threads or 1)
     pair = load_pair(args.pair, args.draft_path)

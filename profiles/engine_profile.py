@@ -41,10 +41,10 @@ import torch
 import transformers
 
 from policies.registry import make_policy
-from profiles import forward
+from profiles.models import forward
 from profiles.analytical import GIB
-from profiles.engine import EngineConfig, ServingEngine, StepRunner
-from profiles.models_real import ModelPair
+from profiles.serving.engine import EngineConfig, ServingEngine, StepRunner
+from profiles.models.pairs import ModelPair
 from profiles.profiler import COLUMNS, Grid, TimingPolicy, measure
 from simulator.errors import UserError
 from simulator.profile_table import write_profile

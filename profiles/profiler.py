@@ -42,7 +42,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pandas as pd
 
-from profiles.analytical import DTYPE_BYTES, GIB, Architecture, resolve_model_config
+from profiles.analytical import DTYPE_BYTES, GIB, Architecture
+from profiles.models.config import resolve_model_config
 from simulator.errors import UserError
 from simulator.profile_table import meta_path, read_json, write_atomic, write_profile
 
@@ -382,7 +383,7 @@ def run_profile(settings: ProfileSettings, log: Callable[[str], None] | None = N
     import transformers
     from tqdm import tqdm
 
-    from profiles import forward
+    from profiles.models import forward
 
     start_wall, start = datetime.datetime.now(datetime.timezone.utc), clock()
     deadline = start + settings.max_seconds if settings.max_seconds else math.inf

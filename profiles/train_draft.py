@@ -2,7 +2,7 @@
 
     python -m profiles.train_draft --out profiles/data/smollm2-draft
 
-The draft (:mod:`profiles.models_real`): ``--layers`` Llama layers of the target's width (MLP width
+The draft (:mod:`profiles.models.pairs`): ``--layers`` Llama layers of the target's width (MLP width
 ``--intermediate``) between the target's embedding and tied output head, which stay frozen and are not
 saved. Its layers start as the target's first layers (the MLP cut to its first ``--intermediate``
 channels) and its final norm as the target's.
@@ -35,10 +35,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from profiles import forward
+from profiles.models import forward
 from profiles.acceptance import agreement_bits, greedy_acceptance
-from profiles.engine import StepRunner, draw
-from profiles.models_real import (DRAFT_DIR, DRAFT_WEIGHTS, PROMPT_KINDS, draft_config, encode_prompts, load_target,
+from profiles.serving.engine import StepRunner, draw
+from profiles.models.pairs import (DRAFT_DIR, DRAFT_WEIGHTS, PROMPT_KINDS, draft_config, encode_prompts, load_target,
                                   new_draft, own_state_dict, read_prompts, tokenizer_fingerprint)
 from simulator.errors import UserError
 from simulator.profile_table import write_atomic

@@ -309,7 +309,7 @@ def cmd_profile(argv: list[str]) -> int:
 
 def cmd_validate(argv: list[str]) -> int:
     try:
-        from profiles.validate import main as validate_main
+        from profiles.validation.validate import main as validate_main
     except ImportError as exc:
         raise UserError(f"validate: needs the profile extra (pip install -e '.[profile]'): {exc}") from None
     return validate_main(argv)

@@ -56,9 +56,9 @@ def every_other_policy(tmp_path) -> Path:
 
 @pytest.fixture(scope="module")
 def pair():
-    """The tiny random-weight draft/target pair (:func:`profiles.models_real.load_pair`), on one CPU thread."""
+    """The tiny random-weight draft/target pair (:func:`profiles.models.pairs.load_pair`), on one CPU thread."""
     torch = pytest.importorskip("torch")
-    from profiles.models_real import load_pair
+    from profiles.models.pairs import load_pair
 
     torch.set_num_threads(1)
     return load_pair("tiny")

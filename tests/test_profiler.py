@@ -119,7 +119,7 @@ def test_decode_over_a_prefilled_cache_matches_one_long_forward():
     pytest.importorskip("torch")
     import torch
 
-    from profiles import forward
+    from profiles.models import forward
 
     device = forward.setup_device("cpu", 1)
     model = forward.build_model(forward.load_config("tiny-target", "--target"), "fp32", device)
@@ -199,7 +199,7 @@ def test_points_that_do_not_fit_are_skipped_with_one_line_each(tmp_path):
 @torch_only
 def test_a_pass_that_runs_out_of_memory_skips_the_rest_of_its_group(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
-    from profiles import forward
+    from profiles.models import forward
 
     real = forward.decode_pass
 

@@ -1,4 +1,4 @@
-"""One request served alone (profiles.single_request) on the tiny random pair: the run's figures, its memory
+"""One request served alone (profiles.validation.single_request) on the tiny random pair: the run's figures, its memory
 (weights counted once, the KV cache at its largest) and the simulator's prediction of the same run."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from profiles.models_real import draft_config, new_draft  # noqa: E402
-from profiles.single_request import policy_k, predict, serve_one, weight_bytes  # noqa: E402
+from profiles.models.pairs import draft_config, new_draft  # noqa: E402
+from profiles.validation.single_request import policy_k, predict, serve_one, weight_bytes  # noqa: E402
 from simulator.errors import UserError  # noqa: E402
 
 pytestmark = pytest.mark.torch

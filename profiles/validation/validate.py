@@ -38,11 +38,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from profiles.models_real import PAIRS, ModelPair
+from profiles.models.pairs import PAIRS, ModelPair
 from simulator.errors import UserError
 from simulator.profile_table import meta_path, read_json
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # profiles/
 DEFAULT_PROFILE = HERE / "data" / "cpu__smollm2-135m__smollm2-draft.csv"
 DEFAULT_TRACE = HERE / "data" / "acceptance__smollm2.csv"
 METRICS = ["mean_latency", "p50_latency", "p90_latency", "mean_ttft", "p50_ttft", "p90_ttft",
@@ -126,7 +126,7 @@ def prompt_pool(pair: ModelPair, seed: int) -> list[list[int]]:
     if pair.tokenizer is None:
         rng = np.random.default_rng(seed + 1)
         return [rng.integers(0, pair.target.config.vocab_size, int(n)).tolist() for n in rng.integers(8, 41, 16)]
-    from profiles.models_real import encode_prompts, read_prompts
+    from profiles.models.pairs import encode_prompts, read_prompts
 
     return encode_prompts(pair.tokenizer, read_prompts())
 
@@ -137,7 +137,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     import torch
 
     from policies.registry import make_policy
-    from profiles.engine import EngineConfig, ServingEngine
+    from profiles.serving.engine import EngineConfig, ServingEngine
     from simulator.cost_model import load_cost_model
     from profiles.engine_profile import machine_speed
     from simulator.profile_table import read_profile
@@ -341,7 +341,7 @@ def main(argv: list[str]) -> int:
                                 max_num_batched_tokens=args.max_num_batched_tokens, k=args.k, profile=args.profile,
                                 fitter=args.fitter, acceptance_trace=args.acceptance_trace, sim_seeds=args.sim_seeds,
                                 threads=args.threads, seed=args.seed, draft_path=args.draft_path)
-    from profiles.models_real import load_pair
+    from profiles.models.pairs import load_pair
     from simulator.results import write_csv
 
     pair = load_pair(settings.pair, settings.draft_path)

@@ -54,8 +54,8 @@ import torch
 from transformers import PreTrainedModel
 
 from policies.base import BatchView, Policy, StepOutcome
-from profiles import forward
-from profiles.forward import BatchCache
+from profiles.models import forward
+from profiles.models.forward import BatchCache
 from simulator.cost_model import CostModel
 from simulator.errors import UserError
 from simulator.metrics import Recorder, summarize
