@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from simulator.cost_model import CostModel
+    from simulator.costs.cost_model import CostModel
 
 
 @dataclass(frozen=True)
@@ -78,11 +78,11 @@ class Policy:
     stationary: bool = False
     """True when :meth:`propose` depends only on which requests are running (not on their contexts,
     the clock, the queue or past outcomes), and :meth:`observe` learns nothing. The simulator may then
-    ask once and simulate several steps of an unchanged batch in one event (see ``simulator.engine``)."""
+    ask once and simulate several steps of an unchanged batch in one event (see ``simulator.core.engine``)."""
 
     def __init__(self, k: int, **params: Any) -> None:
         if params:
-            from simulator.errors import UserError
+            from policies.errors import UserError
 
             raise UserError(f"policy {self.name}: unknown parameter {sorted(params)[0]!r}")
         self.k = int(k)

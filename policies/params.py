@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from simulator.errors import UserError
+from policies.errors import UserError
 
 
 class ParamReader:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from policies.base import Policy
-from simulator.errors import UserError
+from policies.errors import UserError
 
 _REGISTRY: dict[str, type[Policy]] = {}
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from simulator.cost_model import CostModel
+    from simulator.costs.cost_model import CostModel
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import numpy as np
 from policies.base import BatchView, Policy
 from policies.params import ParamReader
 from policies.registry import register
-from simulator.errors import UserError
+from policies.errors import UserError
 
 COUNTS = ("running", "total")
 

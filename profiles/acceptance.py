@@ -22,10 +22,10 @@ import torch
 from policies.registry import make_policy
 from profiles.serving.engine import EngineConfig, EngineResult, ServingEngine
 from profiles.models.pairs import ModelPair, encode_prompts, read_prompts
-from simulator.acceptance import fit_acceptance, read_acceptance_trace
-from simulator.errors import UserError
-from simulator.profile_table import write_atomic
-from simulator.workload import Workload
+from simulator.inputs.acceptance import fit_acceptance, read_acceptance_trace
+from policies.errors import UserError
+from simulator.costs.profile_table import write_atomic
+from simulator.inputs.workload import Workload
 
 TRACE_COLUMNS = ["request_id", "proposed", "accepted"]
 

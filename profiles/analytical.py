@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from profiles.models.config import read_model_config
-from simulator.errors import UserError
+from policies.errors import UserError
 
 if TYPE_CHECKING:  # profiles.profiler imports this module
     from profiles.profiler import Grid
@@ -316,7 +316,7 @@ def write_all(out_dir: str | Path, grid: Grid | None = None) -> list[Path]:
     """Write every :data:`DEPLOYMENTS` profile (CSV + ``.meta.json``) over ``grid`` (default: the GPU runs'
     grid) into ``out_dir``; the written CSVs."""
     from profiles.profiler import GPU_GRID
-    from simulator.profile_table import write_profile
+    from simulator.costs.profile_table import write_profile
 
     paths = []
     for dep in DEPLOYMENTS:

@@ -29,7 +29,7 @@ import typing
 import pandas as pd
 
 from profiles.profiler import GPU_GRID, Grid, ProfileSettings, TimingPolicy, run_profile
-from simulator.errors import UserError
+from policies.errors import UserError
 
 FITTERS = ("linear", "interp")
 EXIT_USER_ERROR = 2
@@ -220,8 +220,8 @@ def scaling_table(check: dict) -> str:
 
 def report(path: str, plot: str | None = None) -> int:
     """Print both fitters' held-out error on the profile at ``path``; optionally plot measured vs fitted."""
-    from simulator.cost_model import fit_report
-    from simulator.profile_table import read_profile
+    from simulator.costs.cost_model import fit_report
+    from simulator.costs.profile_table import read_profile
 
     table = read_profile(path)
     frames = [fit_report(table, fitter).assign(fitter=fitter) for fitter in FITTERS]
@@ -244,7 +244,7 @@ def plot_fit(table, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from simulator.cost_model import fit_cost_model, predict_row
+    from simulator.costs.cost_model import fit_cost_model, predict_row
 
     frame = table.frame
     fig, axes = plt.subplots(1, len(FITTERS), figsize=(5 * len(FITTERS), 4.5), squeeze=False)

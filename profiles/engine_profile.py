@@ -46,9 +46,9 @@ from profiles.analytical import GIB
 from profiles.serving.engine import EngineConfig, ServingEngine, StepRunner
 from profiles.models.pairs import ModelPair
 from profiles.profiler import COLUMNS, Grid, TimingPolicy, measure
-from simulator.errors import UserError
-from simulator.profile_table import write_profile
-from simulator.workload import Workload
+from policies.errors import UserError
+from simulator.costs.profile_table import write_profile
+from simulator.inputs.workload import Workload
 
 #: The grid of the shipped CPU profile: the shapes the validation workloads reach (contexts of 40 to 200
 #: tokens, k <= 4, up to 8 requests at a time). Every batch size is measured: on a CPU the matrix kernels'

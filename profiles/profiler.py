@@ -44,8 +44,8 @@ import pandas as pd
 
 from profiles.analytical import DTYPE_BYTES, GIB, Architecture
 from profiles.models.config import resolve_model_config
-from simulator.errors import UserError
-from simulator.profile_table import meta_path, read_json, write_atomic, write_profile
+from policies.errors import UserError
+from simulator.costs.profile_table import meta_path, read_json, write_atomic, write_profile
 
 KEY = ("role", "phase", "batch_size", "query_len", "context_len")
 COLUMNS = KEY + ("seconds", "seconds_p10", "seconds_p90", "repeats", "num_layers")

@@ -40,8 +40,8 @@ from profiles.acceptance import agreement_bits, greedy_acceptance
 from profiles.serving.engine import StepRunner, draw
 from profiles.models.pairs import (DRAFT_DIR, DRAFT_WEIGHTS, PROMPT_KINDS, draft_config, encode_prompts, load_target,
                                   new_draft, own_state_dict, read_prompts, tokenizer_fingerprint)
-from simulator.errors import UserError
-from simulator.profile_table import write_atomic
+from policies.errors import UserError
+from simulator.costs.profile_table import write_atomic
 
 
 def generate(model: Any, prompts: list[list[int]], gen_len: int, batch_size: int, top: int,

@@ -16,10 +16,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from simulator.errors import UserError, require
+from policies.errors import UserError, require
 
-#: Profile shipped with the package, used when ``--profile`` is not given.
-DEFAULT_PROFILE = str(Path(__file__).resolve().parent.parent / "profiles" / "data" / "example.json")
+#: The simulator's default profile: the example shipped with the package, used when ``--profile`` is not given
+#: (the validation has its own default, a measured CPU profile).
+DEFAULT_SIM_PROFILE = str(Path(__file__).resolve().parent.parent / "profiles" / "data" / "example.json")
 
 ARRIVALS = ("poisson", "gamma", "trace")
 LENGTH_DISTS = ("fixed", "file", "lognormal")
@@ -107,7 +108,7 @@ class SimConfig:
     """CSV of recorded steps ``request_id,proposed,accepted`` for the replay model."""
 
     # --- cost model -----------------------------------------------------------------------------
-    profile: str = DEFAULT_PROFILE
+    profile: str = DEFAULT_SIM_PROFILE
     """Cost model: a profile CSV (fitted here) or a coefficient JSON."""
     fitter: str = "linear"
     """Fitter for a profile CSV: ``linear`` (SmartSpec's form) or ``interp`` (over the measured grid)."""

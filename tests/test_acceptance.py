@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from simulator.acceptance import (AcceptanceModel, BetaAcceptance, ConstantAcceptance, PositionAcceptance,
+from simulator.inputs.acceptance import (AcceptanceModel, BetaAcceptance, ConstantAcceptance, PositionAcceptance,
                                   ReplayAcceptance, fit_acceptance, make_acceptance, read_acceptance_trace)
 from simulator.config import SimConfig
-from simulator.errors import UserError
+from policies.errors import UserError
 
 K_MAX = 8
 

@@ -9,9 +9,9 @@ import pytest
 from profiles.analytical import (DATA_DIR, DEPLOYMENTS, GPUS, Architecture, analytical_profile, kv_fits,
                                  pass_cost, read_model_config, write_all)
 from profiles.profiler import GPU_GRID
-from simulator.cost_model import load_cost_model
-from simulator.errors import UserError
-from simulator.profile_table import read_profile
+from simulator.costs.cost_model import load_cost_model
+from policies.errors import UserError
+from simulator.costs.profile_table import read_profile
 
 LLAMA_7B = Architecture.from_config("llama-2-7b")
 LLAMA_70B = Architecture.from_config("llama-3.1-70b")

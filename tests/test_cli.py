@@ -8,7 +8,7 @@ import sys
 import pandas as pd
 import pytest
 
-from simulator.cli import main
+from simulator.studies.cli import main
 from tests.conftest import REPO
 
 

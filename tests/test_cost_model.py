@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.cost_model import InterpCostModel, fit_cost_model, fit_report, load_cost_model, predict_row
-from simulator.errors import UserError
-from simulator.profile_table import ProfileTable, read_profile, write_profile
+from simulator.costs.cost_model import InterpCostModel, fit_cost_model, fit_report, load_cost_model, predict_row
+from policies.errors import UserError
+from simulator.costs.profile_table import ProfileTable, read_profile, write_profile
 
 DATA = Path(__file__).resolve().parent.parent / "profiles" / "data"
 EXAMPLE_JSON = DATA / "example.json"
@@ -264,7 +264,7 @@ def test_a_model_without_draft_blocks_refuses_draft_decode_and_prices_draft_pref
 
 # -- the fit cache -------------------------------------------------------------------------------
 def test_cache_hit_returns_equal_predictions_and_a_changed_csv_misses(tmp_path, cache_dir, monkeypatch):
-    import simulator.cost_model as cm
+    import simulator.costs.cost_model as cm
 
     csv = tmp_path / "p.csv"
     write_profile(synthetic_frame(), {"method": "analytical"}, csv)

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from simulator.config import SimConfig
-from simulator.errors import UserError
-from simulator.runner import run_simulation
-from simulator.workload import Workload
+from policies.errors import UserError
+from simulator.core.runner import run_simulation
+from simulator.inputs.workload import Workload
 
 
 def run(cost: str, workload: Workload | None = None, **fields):
@@ -60,11 +60,11 @@ def test_invariants_hold_under_pressure(cost_json, scheduler, policy, acceptance
 
 
 def test_every_request_gets_exactly_its_output_tokens(cost_json):
-    from simulator.acceptance import make_acceptance
-    from simulator.engine import EngineSpec, ServingEngine
+    from simulator.inputs.acceptance import make_acceptance
+    from simulator.core.engine import EngineSpec, ServingEngine
     from simulator.metrics import Recorder
     from policies import make_policy
-    from simulator.cost_model import load_cost_model
+    from simulator.costs.cost_model import load_cost_model
     import simpy
 
     cost = load_cost_model(cost_json(per_batched_token=1e-4), "linear")
@@ -210,11 +210,11 @@ def run_engine(cost_path: str, config: SimConfig, run_steps: int):
     import simpy
 
     from policies import make_policy
-    from simulator.acceptance import make_acceptance
-    from simulator.cost_model import load_cost_model
-    from simulator.engine import EngineSpec, ServingEngine
+    from simulator.inputs.acceptance import make_acceptance
+    from simulator.costs.cost_model import load_cost_model
+    from simulator.core.engine import EngineSpec, ServingEngine
     from simulator.metrics import Recorder
-    from simulator.workload import build_workload
+    from simulator.inputs.workload import build_workload
 
     rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(4)]
     wl = build_workload(config, rngs[0], rngs[1])
@@ -264,7 +264,7 @@ def test_a_simulation_never_imports_pandas(tmp_path):
 
     lengths = tmp_path / "lengths.csv"
     lengths.write_text("prompt_tokens,output_tokens\n100,20\n300,50\n")
-    code = (f"import sys; from simulator.config import SimConfig; from simulator.runner import run_simulation; "
+    code = (f"import sys; from simulator.config import SimConfig; from simulator.core.runner import run_simulation; "
             f"r = run_simulation(SimConfig(rate=2.0, num_requests=50, length_dist='file', length_file={str(lengths)!r})); "
             f"assert r.summary['requests'] == 50; print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -16,9 +16,9 @@ from profiles.acceptance import greedy_acceptance  # noqa: E402
 from profiles.serving.engine import (EngineConfig, ServingEngine, StepRunner, accept_greedy, accept_sampled,  # noqa: E402
                              ngram_proposal)
 from profiles.models.pairs import load_draft, load_pair, tokenizer_fingerprint  # noqa: E402
-from simulator.cost_model import model_from_dict  # noqa: E402
-from simulator.errors import UserError  # noqa: E402
-from simulator.workload import Workload  # noqa: E402
+from simulator.costs.cost_model import model_from_dict  # noqa: E402
+from policies.errors import UserError  # noqa: E402
+from simulator.inputs.workload import Workload  # noqa: E402
 
 pytestmark = pytest.mark.torch
 COST = model_from_dict({"target": {"base": 0.02, "per_batched_token": 0.0005}, "draft": {"base": 0.0005},

@@ -10,7 +10,7 @@ from policies.base import BatchView, StepOutcome
 from policies.goodput import MODES, expected_tokens
 from policies.registry import load_policy_file, make_policy, names
 from policies.step_time import predict_step_seconds, step_shape
-from simulator.errors import UserError
+from policies.errors import UserError
 
 
 class LinearCost:
@@ -197,7 +197,7 @@ def test_token_estimator_is_a_ratio_of_moving_averages():
 
 @pytest.mark.parametrize("k", [3, 5])
 def test_token_estimator_is_consistent_where_smartspecs_ratio_is_biased(k):
-    from simulator.acceptance import ConstantAcceptance
+    from simulator.inputs.acceptance import ConstantAcceptance
 
     draws = ConstantAcceptance(0.8, np.random.default_rng(0))
     tokens, ratio = make_policy("goodput", k, {"ema_weight": 0.01}), make_policy("goodput", k, {
@@ -375,7 +375,7 @@ def test_the_candidate_ks_of_a_batch_wide_choice_are_priced_exactly_as_their_sha
     from pathlib import Path
 
     from policies.step_time import shape_seconds, uniform_step_seconds, uniform_step_shape
-    from simulator.cost_model import load_cost_model
+    from simulator.costs.cost_model import load_cost_model
 
     model = load_cost_model(Path(__file__).resolve().parents[1] / "profiles" / "data" / "example_grid.csv", "interp")
     seconds = uniform_step_seconds(model, 6, 6 * 700, 5, draft_cost)

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from simulator.config import SimConfig
-from simulator.executors import LocalExecutor
-from simulator.sweep import build_cells, run_sweep
+from simulator.studies.executors import LocalExecutor
+from simulator.studies.sweep import build_cells, run_sweep
 
 STATIC = ["no-spec", "fixed-k:1", "fixed-k:3", "fixed-k:5"]
 

@@ -11,7 +11,7 @@ import pytest
 
 from profiles.profiler import (GPU_GRID, Grid, ProfileSettings, TimingPolicy, coarse_levels,
                                extrapolate_layers, measure, run_profile)
-from simulator.errors import UserError
+from policies.errors import UserError
 
 KEY = ["role", "phase", "batch_size", "query_len", "context_len"]
 TINY_GRID = Grid(batch_sizes=(1, 2, 4), query_lens=(1, 2, 3), context_lens=(8, 32), prefill_lens=(8, 16),
@@ -148,8 +148,8 @@ def test_decode_over_a_prefilled_cache_matches_one_long_forward():
 @torch_only
 def test_tiny_pair_profile_loads_and_fits(tmp_path):
     pytest.importorskip("torch")
-    from simulator.cost_model import load_cost_model
-    from simulator.profile_table import read_profile
+    from simulator.costs.cost_model import load_cost_model
+    from simulator.costs.profile_table import read_profile
 
     result = run_profile(tiny(tmp_path))
     table = read_profile(result.path)

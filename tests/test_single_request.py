@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 
 from profiles.models.pairs import draft_config, new_draft  # noqa: E402
 from profiles.validation.single_request import policy_k, predict, serve_one, weight_bytes  # noqa: E402
-from simulator.errors import UserError  # noqa: E402
+from policies.errors import UserError  # noqa: E402
 
 pytestmark = pytest.mark.torch
 PROMPT, OUTPUT_LEN = 12, 9

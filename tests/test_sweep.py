@@ -13,10 +13,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from simulator.cli import _progress, main
+from simulator.studies.cli import main
+from simulator.studies.sweep import progress_bar as _progress
 from simulator.config import SimConfig
-from simulator.executors import LocalExecutor
-from simulator.sweep import build_cells, run_sweep
+from simulator.studies.executors import LocalExecutor
+from simulator.studies.sweep import build_cells, run_sweep
 from tests.conftest import REPO
 
 

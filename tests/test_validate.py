@@ -16,10 +16,10 @@ from profiles.engine_profile import EngineProfileSettings, profile_engine  # noq
 from profiles.models.pairs import load_pair  # noqa: E402
 from profiles.profiler import Grid, TimingPolicy  # noqa: E402
 from profiles.validation.validate import ValidateSettings, run_validation, step_parts  # noqa: E402
-from simulator.cli import main as cli_main  # noqa: E402
-from simulator.cost_model import model_from_dict  # noqa: E402
-from simulator.errors import UserError  # noqa: E402
-from simulator.workload import Workload  # noqa: E402
+from run_sim import main as cli_main  # noqa: E402
+from simulator.costs.cost_model import model_from_dict  # noqa: E402
+from policies.errors import UserError  # noqa: E402
+from simulator.inputs.workload import Workload  # noqa: E402
 
 pytestmark = pytest.mark.torch
 GRID = Grid(batch_sizes=(1, 2, 4), query_lens=(1, 2, 3), context_lens=(8, 32, 64), prefill_lens=(8, 24, 40),

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from simulator.config import SimConfig
-from simulator.errors import UserError
-from simulator.workload import Workload, build_workload, read_lengths, read_trace
+from policies.errors import UserError
+from simulator.inputs.workload import Workload, build_workload, read_lengths, read_trace
 from tests.conftest import TRACES
 
 AZURE_CONV = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from simulator.errors import UserError
+from policies.errors import UserError
 
 MODELS_DIR = Path(__file__).resolve().parent
 

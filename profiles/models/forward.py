@@ -29,7 +29,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, PretrainedConfig, PreTrainedModel
 
 from profiles.models.config import read_model_config
-from simulator.errors import UserError
+from policies.errors import UserError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -56,10 +56,10 @@ from transformers import PreTrainedModel
 from policies.base import BatchView, Policy, StepOutcome
 from profiles.models import forward
 from profiles.models.forward import BatchCache
-from simulator.cost_model import CostModel
-from simulator.errors import UserError
+from simulator.costs.cost_model import CostModel
+from policies.errors import UserError
 from simulator.metrics import Recorder, summarize
-from simulator.workload import Workload
+from simulator.inputs.workload import Workload
 
 PROPOSERS = ("draft", "ngram")
 #: Extra per-step columns of the engine: tokens in the running requests' contexts before a decode step (the

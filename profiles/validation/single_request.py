@@ -40,11 +40,11 @@ from policies.registry import make_policy
 from profiles.serving.engine import EngineConfig, EngineResult, ServingEngine
 from profiles.models.pairs import ModelPair
 from profiles.validation.validate import DEFAULT_PROFILE, DEFAULT_TRACE, simulation_config
-from simulator.cost_model import CostModel
-from simulator.errors import UserError
-from simulator.runner import run_simulation
-from simulator.sweep import parse_policy_spec
-from simulator.workload import Workload
+from simulator.costs.cost_model import CostModel
+from policies.errors import UserError
+from simulator.core.runner import run_simulation
+from simulator.studies.specs import parse_policy_spec
+from simulator.inputs.workload import Workload
 
 MIB = 2**20
 #: Simulated figures :func:`predict` averages over seeds (seconds; acceptance rate; tokens per step).

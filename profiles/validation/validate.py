@@ -39,8 +39,8 @@ import numpy as np
 import pandas as pd
 
 from profiles.models.pairs import PAIRS, ModelPair
-from simulator.errors import UserError
-from simulator.profile_table import meta_path, read_json
+from policies.errors import UserError
+from simulator.costs.profile_table import meta_path, read_json
 
 HERE = Path(__file__).resolve().parents[1]  # profiles/
 DEFAULT_PROFILE = HERE / "data" / "cpu__smollm2-135m__smollm2-draft.csv"
@@ -106,7 +106,7 @@ class Validation:
 def workloads(settings: ValidateSettings,
               prompt_pool: list[list[int]]) -> dict[float, tuple[typing.Any, list[list[int]]]]:
     """Per rate, the workload and its prompts' token ids (module docstring: common random numbers)."""
-    from simulator.workload import Workload
+    from simulator.inputs.workload import Workload
 
     rng = np.random.default_rng(settings.seed)
     gaps = rng.standard_exponential(settings.num_requests)
@@ -138,12 +138,12 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
 
     from policies.registry import make_policy
     from profiles.serving.engine import EngineConfig, ServingEngine
-    from simulator.cost_model import load_cost_model
+    from simulator.costs.cost_model import load_cost_model
     from profiles.engine_profile import machine_speed
-    from simulator.profile_table import read_profile
-    from simulator.runner import run_simulation
-    from simulator.sweep import parse_policy_spec
-    from simulator.workload import Workload
+    from simulator.costs.profile_table import read_profile
+    from simulator.core.runner import run_simulation
+    from simulator.studies.specs import parse_policy_spec
+    from simulator.inputs.workload import Workload
 
     torch.set_num_threads(settings.threads)
     torch.set_flush_denormal(True)
@@ -210,7 +210,7 @@ def simulation_config(workload: typing.Any, policy: str, k: int, params: tuple[t
 
 def scaled_profile(table: typing.Any, factor: float, path: Path) -> str:
     """A copy of profile ``table`` with every time multiplied by ``factor``, written to ``path``."""
-    from simulator.profile_table import write_profile
+    from simulator.costs.profile_table import write_profile
 
     frame = table.frame.copy()
     for column in ("seconds", "seconds_p10", "seconds_p90"):

@@ -42,8 +42,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from simulator.config import SimConfig
-from simulator.csv_checks import read_table, refuse_first, whole_numbers
-from simulator.errors import UserError, require
+from simulator.inputs.csv_checks import read_table, refuse_first, whole_numbers
+from policies.errors import UserError, require
 
 #: Columns an acceptance trace must have (others are ignored).
 TRACE_COLUMNS = ("request_id", "proposed", "accepted")

@@ -36,7 +36,8 @@ def _title(summary: pd.DataFrame) -> str:
     return note
 
 
-def _save(fig, path: str | Path) -> str:
+def save_figure(fig, path: str | Path) -> str:
+    """Write ``fig`` to ``path`` atomically (parent folders made), close it, and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")
@@ -61,7 +62,7 @@ def plot_latency_vs_rate(summary: pd.DataFrame, path: str | Path) -> str:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle("Latency versus request rate" + _title(summary))
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_speedup(summary: pd.DataFrame, path: str | Path) -> str:
@@ -77,7 +78,7 @@ def plot_speedup(summary: pd.DataFrame, path: str | Path) -> str:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("Speedup over no speculation" + _title(summary))
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_k_over_time(steps: pd.DataFrame, path: str | Path, label: str) -> str:
@@ -91,4 +92,4 @@ def plot_k_over_time(steps: pd.DataFrame, path: str | Path, label: str) -> str:
     ax2.set_ylabel("running requests")
     ax.set_title(f"k chosen over time: {label}")
     fig.legend(loc="lower right", fontsize=8, bbox_to_anchor=(0.9, 0.12))
-    return _save(fig, path)
+    return save_figure(fig, path)

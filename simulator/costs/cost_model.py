@@ -4,7 +4,7 @@ Step time = draft time (k sequential draft passes) + verification time (one targ
 sum_i (k_i + 1) tokens) + overhead, with prefill from the same model (DESIGN.md). A model comes from
 
 - a **coefficient JSON** (hand-written what-ifs, or a saved fit), or
-- a **profile CSV** (:mod:`simulator.profile_table`) fitted with one of two fitters:
+- a **profile CSV** (:mod:`simulator.costs.profile_table`) fitted with one of two fitters:
 
   * ``linear``, SmartSpec's form (Liu et al., arXiv 2406.14066, §4), per (role, phase):
     decode  ``seconds = base + per_seq*b + per_batched_token*(b*q) + per_context_token*(b*c)``,
@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from simulator import profile_table
+from simulator.costs import profile_table
 from simulator.config import FITTERS
-from simulator.errors import UserError
-from simulator.profile_table import Memory, ProfileTable, meta_path, read_json, read_profile, write_atomic
+from policies.errors import UserError
+from simulator.costs.profile_table import Memory, ProfileTable, meta_path, read_json, read_profile, write_atomic
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.errors import UserError, require
+from policies.errors import UserError, require
 
 
 @dataclass(frozen=True)

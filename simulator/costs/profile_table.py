@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from simulator.errors import UserError
+from policies.errors import UserError
 from simulator.results import atomic_write
 
 if TYPE_CHECKING:  # pragma: no cover - typing only

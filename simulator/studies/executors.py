@@ -19,7 +19,7 @@ import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar
 
-from simulator.errors import UserError
+from policies.errors import UserError
 
 T = TypeVar("T")
 

@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from simulator.config import SimConfig
-from simulator.csv_checks import Column, finite_numbers, read_table, refuse_first, show_cell, whole_numbers
-from simulator.errors import UserError, require
+from simulator.inputs.csv_checks import Column, finite_numbers, read_table, refuse_first, show_cell, whole_numbers
+from policies.errors import UserError, require
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd

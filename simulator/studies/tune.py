@@ -4,25 +4,19 @@ A tune is a sweep over candidate policy specs (a grid of parameter values) follo
 for each candidate, the SLO metric (seed-averaged) at each rate, and its **sustainable rate** = the
 highest rate at which it and every lower rate meet the SLO. The best candidate has the highest
 sustainable rate, ties broken by the lowest rate-averaged metric. The trade-off curve is the
-sustainable rate versus the metric at the lightest load, one point per candidate.
+sustainable rate versus the metric at the lightest load, one point per candidate. SLOs and search spaces are
+parsed by :mod:`simulator.studies.specs`.
 """
 from __future__ import annotations
 
 import itertools
-import operator
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from simulator.errors import UserError
-from simulator.metrics import DERIVED_COLUMNS
-
-_OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
-SLO_METRICS = [f"{s}_{c}" for c in DERIVED_COLUMNS for s in ("mean", "p50", "p90", "p99")] + ["throughput",
-                                                                                              "goodput"]
+from policies.errors import UserError
+from simulator.studies.specs import Slo, parse_space
 
 #: Default search spaces: parameter -> values (``k`` is the config's k / K_max).
 DEFAULT_SPACES: dict[str, dict[str, list[Any]]] = {
@@ -32,51 +26,14 @@ DEFAULT_SPACES: dict[str, dict[str, list[Any]]] = {
 }
 
 
-@dataclass(frozen=True)
-class Slo:
-    """``metric op bound``, e.g. p99 latency <= 20 s (seconds for latency metrics)."""
-
-    metric: str
-    op: str
-    bound: float
-
-    def met(self, value: float) -> bool:
-        return bool(_OPS[self.op](value, self.bound))
-
-    def __str__(self) -> str:
-        return f"{self.metric}{self.op}{self.bound:g}"
-
-
-def parse_slo(text: str) -> Slo:
-    """``"p99_latency<=20"`` -> Slo("p99_latency", "<=", 20.0); anything else is a one-line UserError."""
-    m = re.fullmatch(r"\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([0-9.eE+-]+)\s*", text or "")
-    if not m:
-        raise UserError(f"--slo: cannot parse {text!r} (expected METRIC<=VALUE, e.g. p99_latency<=20)")
-    metric, op, raw = m.groups()
-    if metric not in SLO_METRICS:
-        raise UserError(f"--slo: unknown metric {metric!r}; known: {', '.join(SLO_METRICS)}")
-    try:
-        bound = float(raw)
-    except ValueError:
-        raise UserError(f"--slo: bound is not a number: {raw!r}") from None
-    return Slo(metric, op, bound)
-
-
-def parse_space(items: list[str] | None, policy: str) -> dict[str, list[Any]]:
-    """``["bonus=1.0,1.1", "k=2,4"]`` -> {"bonus": [1.0, 1.1], "k": [2, 4]}; default space if none given."""
-    from simulator.cli import _number_or_text
-
+def search_space(items: list[str] | None, policy: str) -> dict[str, list[Any]]:
+    """The ``--param NAME=V1,V2`` items parsed (:func:`simulator.studies.specs.parse_space`), or the policy's
+    default space when none are given."""
     if not items:
         if policy not in DEFAULT_SPACES:
             raise UserError(f"tune: no default search space for policy {policy!r}; give --param NAME=V1,V2")
         return DEFAULT_SPACES[policy]
-    space = {}
-    for item in items:
-        name, sep, values = item.partition("=")
-        if not sep or not name.strip() or not values:
-            raise UserError(f"--param: expected NAME=V1,V2,..., got {item!r}")
-        space[name.strip()] = [_number_or_text(v.strip()) for v in values.split(",")]
-    return space
+    return parse_space(items)
 
 
 def candidate_specs(policy: str, space: dict[str, list[Any]]) -> list[str]:
@@ -115,7 +72,7 @@ def analyse(summary: pd.DataFrame, slo: Slo) -> pd.DataFrame:
 
 
 def plot_tradeoff(table: pd.DataFrame, slo: Slo, path: str | Path) -> str:
-    from simulator.plots import _save, plt
+    from simulator.studies.plots import plt, save_figure
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     x, y = table["sustainable_rate"], table[f"{slo.metric}_at_lightest"]
@@ -128,4 +85,4 @@ def plot_tradeoff(table: pd.DataFrame, slo: Slo, path: str | Path) -> str:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("Tuning trade-off: one point per parameter setting")
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -17,15 +17,15 @@ import numpy as np
 import simpy
 
 from policies.registry import load_policy_file, make_policy
-from simulator.acceptance import make_acceptance
+from simulator.inputs.acceptance import make_acceptance
 from simulator.config import SimConfig, config_hash
-from simulator.cost_model import load_cost_model
-from simulator.engine import EngineSpec, ServingEngine
-from simulator.errors import UserError
-from simulator.memory import num_gpu_blocks
+from simulator.costs.cost_model import load_cost_model
+from simulator.core.engine import EngineSpec, ServingEngine
+from policies.errors import UserError
+from simulator.core.memory import num_gpu_blocks
 from simulator.metrics import Recorder, summarize
 from simulator.results import atomic_write, write_csv, write_json
-from simulator.workload import Workload, build_workload
+from simulator.inputs.workload import Workload, build_workload
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd

@@ -10,12 +10,11 @@ numbers for the same seed.
 """
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 from simulator.config import SimConfig
 
-DEMO_PROFILE = str(Path(__file__).resolve().parent.parent / "profiles" / "data" / "h200__llama-2-7b__llama-68m.csv")
+DEMO_PROFILE = str(Path(__file__).resolve().parents[2] / "profiles" / "data" / "h200__llama-2-7b__llama-68m.csv")
 DEMO_RATES = [0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0]
 DEMO_POLICIES = ["no-spec", "fixed-k:1", "fixed-k:3", "fixed-k:5", "threshold:3/max_batch=16", "goodput:5"]
 
@@ -27,13 +26,12 @@ def demo_config() -> SimConfig:
 
 
 def run_demo(out: str, workers: int, quiet: bool) -> int:
-    from simulator.cli import _sweep_and_plot, print_table
+    from simulator.studies.sweep import print_table, sweep_and_plot
 
-    args = argparse.Namespace(out=out, workers=workers, quiet=quiet)
     base = demo_config()
     print(f"specsim demo: {len(DEMO_POLICIES)} policies x {len(DEMO_RATES)} rates on {Path(DEMO_PROFILE).name}, "
           f"{base.num_requests} requests per run, acceptance {base.acceptance_rate}")
-    summary, figures = _sweep_and_plot(args, base, DEMO_POLICIES, DEMO_RATES, [0], {})
+    summary, figures = sweep_and_plot(base, DEMO_POLICIES, DEMO_RATES, [0], {}, out, workers, quiet=quiet)
     method = summary["profile_method"].iloc[0]
     print_table(summary)
     print(f"(profile method: {method}; mean latency in seconds, lower is better)")

@@ -17,11 +17,11 @@ import sys
 import time
 from pathlib import Path
 
-AZURE_CONV = Path(__file__).resolve().parents[2] / "shared" / "traces" / "azure_llm_2023" / \
+AZURE_CONV = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure_llm_2023" / \
     "AzureLLMInferenceTrace_conv.csv"
 
 
-BENCH_PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "data" / \
+BENCH_PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "data" / \
     "a100-80gb-analytical__llama-2-7b__llama-68m.csv"
 
 
@@ -37,7 +37,7 @@ def _case_config(size: int, policy: str) -> dict:
 def _child(config_json: str) -> None:
     """Run one simulation in this process and print its figures as JSON."""
     from simulator.config import SimConfig
-    from simulator.runner import run_simulation
+    from simulator.core.runner import run_simulation
 
     result = run_simulation(SimConfig.from_dict(json.loads(config_json)))
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
     for size in [int(s) for s in args.sizes.split(",")]:
         for policy in args.policies.split(","):
             start = time.perf_counter()
-            out = subprocess.run([sys.executable, "-m", "simulator.bench", "--child",
+            out = subprocess.run([sys.executable, "-m", "simulator.studies.bench", "--child",
                                   json.dumps(_case_config(size, policy))],
                                  check=True, capture_output=True, text=True).stdout
             wall = time.perf_counter() - start

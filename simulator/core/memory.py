@@ -8,8 +8,8 @@ where a token's KV bytes are the target's plus, with a draft-model proposer, the
 from __future__ import annotations
 
 from simulator.config import SimConfig
-from simulator.cost_model import CostModel
-from simulator.errors import UserError
+from simulator.costs.cost_model import CostModel
+from policies.errors import UserError
 
 GIB = 1024 ** 3
 

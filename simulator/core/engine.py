@@ -47,11 +47,11 @@ import simpy
 
 from policies.base import BatchView, Policy, StepOutcome
 from policies.step_time import predict_step_seconds
-from simulator.acceptance import AcceptanceModel
-from simulator.cost_model import CostModel
-from simulator.errors import UserError
+from simulator.inputs.acceptance import AcceptanceModel
+from simulator.costs.cost_model import CostModel
+from policies.errors import UserError
 from simulator.metrics import Recorder
-from simulator.workload import Workload
+from simulator.inputs.workload import Workload
 
 @dataclass(frozen=True)
 class EngineSpec:

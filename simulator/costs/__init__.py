@@ -1,0 +1,1 @@
+"""Costs: profile tables (measured or analytical seconds per pass) and the cost models fitted on them."""

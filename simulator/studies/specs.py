@@ -1,0 +1,180 @@
+"""Parsing what a study is given as text: config field values, policy parameters and specs, sweep grids,
+number lists, SLOs and tuning search spaces. The one place that reads them, used by the command line
+(:mod:`simulator.studies.cli`), the studies (sweep, tune) and the validation on the profiles side.
+
+Every parser stops bad input with one :class:`policies.errors.UserError` line naming the flag and the value.
+
+- field value: ``"none"`` is None, booleans ``true/false/1/0``, tuples comma lists (:func:`parse_field_value`);
+- policy parameters: ``NAME=VALUE`` (numbers become int or float, anything else stays text);
+- policy spec: ``NAME[:K][/PARAM=VALUE...]`` (``fixed-k:3``, ``threshold:3/max_batch=16``);
+- grid: ``FIELD=V1,V2,...`` per axis, typed like the config field;
+- SLO: ``METRIC<=VALUE`` (``p99_latency<=20``, seconds for latency metrics);
+- search space: ``NAME=V1,V2,...`` per parameter (``k`` is the bound K_max).
+"""
+from __future__ import annotations
+
+import functools
+import operator
+import re
+import types
+import typing
+from dataclasses import dataclass, fields
+from typing import Any, Iterable
+
+from policies.errors import UserError
+from simulator.config import SimConfig
+from simulator.metrics import DERIVED_COLUMNS
+
+__all__ = ["Slo", "SLO_METRICS", "number_or_text", "parse_field_value", "parse_floats", "parse_grid",
+           "parse_policy_params", "parse_policy_spec", "parse_slo", "parse_space", "field_kind"]
+
+
+# -- config field values ---------------------------------------------------------------------------
+@functools.cache
+def _hints() -> dict[str, Any]:
+    return typing.get_type_hints(SimConfig)
+
+
+def field_kind(name: str) -> Any:
+    """The base type of config field ``name``: ``int | None`` -> int; ``tuple[float, ...]`` -> tuple; ``bool``."""
+    hint = _hints()[name]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = args[0]
+    origin = typing.get_origin(hint)
+    return origin or hint
+
+
+def parse_field_value(name: str, text: str) -> Any:
+    """Parse ``text`` as a value of config field ``name`` ("none" is None; tuples are comma lists)."""
+    kind = field_kind(name)
+    if text.lower() == "none":
+        return None
+    try:
+        if kind is bool:
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1")
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+        if kind is tuple:
+            return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"--{name.replace('_', '-')}: not a valid {getattr(kind, '__name__', kind)}: {text!r}") from None
+    return text
+
+
+def number_or_text(raw: str) -> Any:
+    """``"3"`` -> 3, ``"1.2"`` -> 1.2, anything else unchanged."""
+    for cast in (int, float):
+        try:
+            return cast(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def parse_floats(flag: str, text: str) -> list[float]:
+    """``"0.5,1,2"`` -> [0.5, 1.0, 2.0]; at least one value."""
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise UserError(f"{flag}: no values given")
+    return values
+
+
+# -- policies --------------------------------------------------------------------------------------
+def parse_policy_params(items: Iterable[str]) -> tuple[tuple[str, Any], ...]:
+    """``["bonus=1.2", "mode=request"]`` -> (("bonus", 1.2), ("mode", "request"))."""
+    pairs = []
+    for item in items:
+        name, sep, raw = item.partition("=")
+        if not sep or not name.strip():
+            raise UserError(f"--policy-param: expected NAME=VALUE, got {item!r}")
+        pairs.append((name.strip(), number_or_text(raw.strip())))
+    return tuple(pairs)
+
+
+def parse_policy_spec(spec: str) -> tuple[str, int | None, tuple[tuple[str, Any], ...]]:
+    """``NAME[:K][/PARAM=VALUE...]`` -> (name, k or None, params).
+
+    ``"fixed-k:3"`` -> ("fixed-k", 3, ()); ``"threshold:3/max_batch=16"`` -> ("threshold", 3, (("max_batch", 16),)).
+    """
+    head, *raw_params = spec.split("/")
+    name, sep, k = head.partition(":")
+    if not name:
+        raise UserError(f"--policies: bad policy spec {spec!r} (expected NAME[:K][/PARAM=VALUE...])")
+    try:
+        k_value = int(k) if sep else None
+    except ValueError:
+        raise UserError(f"--policies: bad policy spec {spec!r} (K must be an integer)") from None
+    return name, k_value, parse_policy_params(raw_params)
+
+
+# -- sweep grids -----------------------------------------------------------------------------------
+def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
+    """``["acceptance_rate=0.5,0.7"]`` -> {"acceptance_rate": [0.5, 0.7]} (values typed like the field)."""
+    known = {f.name for f in fields(SimConfig)}
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or not values:
+            raise UserError(f"--grid: expected FIELD=V1,V2,..., got {item!r}")
+        if name not in known:
+            raise UserError(f"--grid: unknown config field {name!r}")
+        if name in ("rate", "policy", "seed", "k"):
+            raise UserError(f"--grid: {name} has its own flag (--rates, --policies, --seeds)")
+        grid[name] = [parse_field_value(name, v) for v in values.split(",")]
+    return grid
+
+
+# -- SLOs and search spaces ------------------------------------------------------------------------
+_OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
+SLO_METRICS = [f"{s}_{c}" for c in DERIVED_COLUMNS for s in ("mean", "p50", "p90", "p99")] + ["throughput",
+                                                                                              "goodput"]
+
+
+@dataclass(frozen=True)
+class Slo:
+    """``metric op bound``, e.g. p99 latency <= 20 s (seconds for latency metrics)."""
+
+    metric: str
+    op: str
+    bound: float
+
+    def met(self, value: float) -> bool:
+        return bool(_OPS[self.op](value, self.bound))
+
+    def __str__(self) -> str:
+        return f"{self.metric}{self.op}{self.bound:g}"
+
+
+def parse_slo(text: str) -> Slo:
+    """``"p99_latency<=20"`` -> Slo("p99_latency", "<=", 20.0); anything else is a one-line UserError."""
+    m = re.fullmatch(r"\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([0-9.eE+-]+)\s*", text or "")
+    if not m:
+        raise UserError(f"--slo: cannot parse {text!r} (expected METRIC<=VALUE, e.g. p99_latency<=20)")
+    metric, op, raw = m.groups()
+    if metric not in SLO_METRICS:
+        raise UserError(f"--slo: unknown metric {metric!r}; known: {', '.join(SLO_METRICS)}")
+    try:
+        bound = float(raw)
+    except ValueError:
+        raise UserError(f"--slo: bound is not a number: {raw!r}") from None
+    return Slo(metric, op, bound)
+
+
+def parse_space(items: Iterable[str]) -> dict[str, list[Any]]:
+    """``["bonus=1.0,1.1", "k=2,4"]`` -> {"bonus": [1.0, 1.1], "k": [2, 4]}."""
+    space = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or not name.strip() or not values:
+            raise UserError(f"--param: expected NAME=V1,V2,..., got {item!r}")
+        space[name.strip()] = [number_or_text(v.strip()) for v in values.split(",")]
+    return space
