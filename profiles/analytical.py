@@ -35,7 +35,6 @@ the shipped profiles.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path

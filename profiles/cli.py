@@ -72,6 +72,11 @@ def build_parser() -> _Parser:
                    help=f"leave out prefill points with batch x prompt above this many tokens "
                         f"(default {GPU_GRID.max_prefill_tokens})")
     p.add_argument("--dtype", default="bf16", help="bf16, fp16 or fp32")
+    p.add_argument("--forward", default="eager", choices=("eager", "optimized"),
+                   help="forward path timed: eager (Hugging Face as is, DynamicCache) or optimized (preallocated KV "
+                        "cache written in place, attention over the live part, CUDA graphs on a GPU); default eager")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="optimized forward without CUDA graphs (the kernels launched one by one)")
     p.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda when present)")
     p.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads)")
     p.add_argument("--max-seconds", type=float, help="stop measuring after this many seconds (keeps what was done)")
@@ -204,7 +209,7 @@ def settings_from_args(args: argparse.Namespace) -> ProfileSettings:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     grid = _grid(args, GPU_GRID)
     timing = _timing(args, TimingPolicy())
-    return ProfileSettings(target=args.target, draft=args.draft, out=args.out, grid=grid, dtype=args.dtype,
+    return ProfileSettings(target=args.target, draft=args.draft, out=args.out, grid=grid, dtype=args.dtype, forward=args.forward, cuda_graphs=args.cuda_graphs,
                            device=device, threads=args.threads, max_seconds=args.max_seconds,
                            num_layers=args.num_layers, scale_layers=scale, check_scaling=args.check_scaling,
                            weights=args.weights, max_memory_gb=args.max_memory_gb, timing=timing, seed=args.seed,

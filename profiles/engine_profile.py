@@ -3,7 +3,7 @@
     python run_sim.py profile --engine --pair smollm2 --out profiles/data/cpu__smollm2-135m__smollm2-draft.csv
 
 The rows (:mod:`simulator.profile_table` format) time the methods of :class:`profiles.engine.StepRunner`,
-the code the engine's steps run, on :class:`profiles.forward.BatchCache` caches (the engine's cache class,
+the code the engine's steps run, on :class:`profiles.serving.kv.PaddedBatch` caches (the engine's eager cache class,
 masking and padding):
 
 - target decode ``(b, q, c)``: :meth:`StepRunner.verify`, one target pass over the last token and ``q - 1``
@@ -44,6 +44,7 @@ from policies.registry import make_policy
 from profiles.models import forward
 from profiles.analytical import GIB
 from profiles.serving.engine import EngineConfig, ServingEngine, StepRunner
+from profiles.serving.kv import PaddedBatch
 from profiles.models.pairs import ModelPair
 from profiles.profiler import COLUMNS, Grid, TimingPolicy, measure
 from policies.errors import UserError
@@ -96,8 +97,8 @@ class EngineProfileSettings:
 
 
 def random_batch(model: Any, batch_size: int, context_len: int, generator: torch.Generator,
-                 spread: float = 0.0) -> forward.BatchCache:
-    """A :class:`BatchCache` of ``batch_size`` sequences holding ``context_len`` random tokens' KV on average:
+                 spread: float = 0.0) -> PaddedBatch:
+    """A :class:`PaddedBatch` of ``batch_size`` sequences holding ``context_len`` random tokens' KV on average:
     with ``spread`` > 0 (and two or more sequences) their lengths run evenly from ``c (1 - spread)`` to
     ``c (1 + spread)`` (summing to ``batch_size x c``), left-padded to the longest, as the engine holds
     requests with prompts of different lengths."""
@@ -108,12 +109,7 @@ def random_batch(model: Any, batch_size: int, context_len: int, generator: torch
     width = int(lengths.max())
     cache = forward.random_cache(model, batch_size, width, generator)
     valid = torch.arange(width, device=model.device) >= torch.as_tensor(width - lengths, device=model.device)[:, None]
-    return forward.BatchCache(cache, valid)
-
-
-def _drop_new(batch: forward.BatchCache, width: int) -> None:
-    """Roll ``batch`` back to its first ``width`` slots."""
-    forward.rollback(batch, torch.zeros(batch.batch_size, batch.width - width, dtype=torch.bool))
+    return PaddedBatch(model, forward.BatchCache(cache, valid))
 
 
 def profile_engine(pair: ModelPair, settings: EngineProfileSettings,
@@ -172,19 +168,19 @@ def point_pass(pair: ModelPair, runner: StepRunner, key: tuple, spread: float, r
     if phase == "prefill":
         prompts = rng.integers(0, vocab, (b, q)).tolist()
         if role == "target":
-            return lambda: runner.first_tokens(runner.prefill(model, prompts)[1]), lambda: None
-        return lambda: runner.prefill(model, prompts), lambda: None
+            return lambda: runner.first_tokens(runner.prefill(PaddedBatch(model), prompts)), lambda: None
+        return lambda: runner.prefill(PaddedBatch(model), prompts), lambda: None
     batches = {} if batches is None else batches
     if (role, b, c) not in batches:
         batches[(role, b, c)] = random_batch(model, b, c, generator, spread)
     batch = batches[(role, b, c)]
-    width = batch.width
+    lengths = batch.lengths()
     if role == "draft":
         fed, proposing = rng.integers(0, vocab, (b, 1)).tolist(), np.ones(b, dtype=bool)
-        return lambda: runner.draft_pass(batch, fed, proposing), lambda: _drop_new(batch, width)
+        return lambda: runner.draft_pass(batch, fed, proposing), lambda: batch.truncate(lengths)
     last, proposals = rng.integers(0, vocab, b).tolist(), rng.integers(0, vocab, (b, q - 1)).tolist()
     qs = [np.full((q - 1, vocab), 1.0 / vocab) if runner.temperature > 0 else None] * b
-    return lambda: runner.verify(batch, last, proposals, qs), lambda: _drop_new(batch, width)
+    return lambda: runner.verify(batch, last, proposals, qs), lambda: batch.truncate(lengths)
 
 
 def machine_speed(pair: ModelPair, profile: pd.DataFrame, spread: float, temperature: float,
@@ -267,7 +263,7 @@ def _meta(pair: ModelPair, settings: EngineProfileSettings, started: datetime.da
         "python_version": platform.python_version(),
         "date": started.isoformat(timespec="seconds"),
         "wall_seconds": round(seconds, 1),
-        "engine": {"pair": pair.name, "temperature": settings.temperature, "cache": "profiles.forward.BatchCache",
+        "engine": {"pair": pair.name, "temperature": settings.temperature, "cache": "profiles.serving.kv.PaddedBatch",
                    "decode_length_spread": settings.spread,
                    "passes": "profiles.engine.StepRunner (verify, draft_pass, prefill, first_tokens)",
                    "overhead_runs": overhead, "overhead_k": OVERHEAD_K, "overhead_output_len": OVERHEAD_OUTPUT_LEN},

@@ -1,101 +1,130 @@
 #!/usr/bin/env bash
-# The one prepared profiling run for a lent H200 (python3 with torch, transformers, pandas, numpy, scipy,
-# tqdm; no SimPy, no network; run from the repository root, not installed).
+# The one prepared GPU run (an H200 lent for ~15 minutes, start-up included): python3 with torch, transformers,
+# pandas, numpy, scipy, tqdm; no network; run from the repository root, not installed. SimPy (the simulator,
+# for the validation stages) travels as a wheel in .whl/ when the machine lacks it.
 #
-#   OUT=/some/folder bash profiles/h200_profile.sh            # GPU: bf16, random weights, <= ~7 min wall
-#   TINY=1 OUT=/tmp/h200test bash profiles/h200_profile.sh    # CPU rehearsal: tiny configs, tiny grid, fp32
+#   OUT=/some/folder bash profiles/gpu_run.sh                       # GPU: every stage, <= ~8 min wall
+#   OUT=/f STAGES=check,profile bash profiles/gpu_run.sh            # some stages only
+#   TINY=1 OUT=/tmp/gpurun bash profiles/gpu_run.sh                 # CPU rehearsal: tiny pair, tiny grid, fp32
 #
-# Parts (each a `python3 -m profiles.cli` run with its own --max-seconds slice of one global deadline;
-# time a part leaves unused goes to the later ones; the grid runs coarse to fine, so a cut part still
-# spans its grid):
-#   1. Llama-2-7B target + llama-68m draft                      -> h200__llama-2-7b__llama-68m.csv
-#   2. Llama-3.1-8B target + Llama-3.2-1B draft, measured whole AND with the target cut to 2 and 6
-#      layers: the layer-scaling check (relative error of the extrapolation to 32 layers, in the meta
-#      and the summary)                                         -> h200__llama-3.1-8b__llama-3.2-1b.csv
-#   3. Llama-3.1-70B target (80 layers, 141 GB: does not fit) by layer scaling from 4 and 12 layers
-#      (extrapolating ~6.7x beyond the deeper cut, as part 2 checks ~5.3x) + Llama-3.2-1B draft
-#                                                               -> h200__llama-3.1-70b__llama-3.2-1b.csv
-# Grid: batch 1..256 (powers of two), k+1 = 1..9, contexts 128..4096, prompts 128..4096 with
-# batch x prompt <= 16384 tokens; points whose KV cache does not fit are skipped with a line in the log.
-# Output in $OUT (7 files, flat): three profiles with their .meta.json, and h200_profile.log; a summary
-# table is printed last.
+# Stages (STAGES, comma-separated, default all, in this order; each under `timeout` and its own --max-seconds
+# slice of one global deadline, TOTAL_SECONDS; time a stage leaves unused goes to the later ones):
+#   check     python -m profiles.forward_check: the optimized path's numerics on the device (tiny pair, against
+#             Hugging Face's forward; a replayed CUDA graph against the same pass run eagerly) and one 7B
+#             batch-1 decode pass timed eager / optimized / optimized + graphs        -> forward_check.json
+#             If the check fails, later stages run the optimized path without CUDA graphs (and say so).
+#   profile   the optimized forward (bf16, random weights) on the grid of the earlier H200 profiles: batch
+#             1..256, k + 1 in 1..9, context 128..4096, prefill 128..4096 (batch x prompt <= 16384):
+#               Llama-2-7B + llama-68m          -> h200-optimized__llama-2-7b__llama-68m.csv (+ .meta.json)
+#               Llama-3.1-8B + Llama-3.2-1B     -> h200-optimized__llama-3.1-8b__llama-3.2-1b.csv (+ .meta.json)
+#             The grid runs coarse to fine, so a part cut by its slice still spans the grid.
+#   validate  the timing twin at 7B (python -m profiles.validation.validate --twin ...): the real engine on the
+#             random-weight Llama-2-7B + 68M pair, accept/reject drawn from a constant acceptance model, against
+#             the simulator on the profile measured in the profile stage          -> validate_7b.csv
+#   single    the single-request study on the GPU (python -m profiles.validation.single_request) with the timing
+#             twin on the 7B pair (the SmolLM2 GGUF, 98 MB, does not fit a 64 MiB transfer: left out)
+#                                                                                  -> single_request_7b.csv
+# Output in $OUT, flat (at most 8 files come back): the files above and gpu_run.log.
 #
-# GPU time estimate. HF eager: a pass costs at least its Python/launch floor, ~2.5 ms + ~0.5 ms per layer
-# (a 7-8B pass at small batch ~15-25 ms), else its roofline plus the copy of the whole KV cache that
-# DynamicCache's concatenation makes each pass; ~4.5 passes a point (1 warm-up + 3-4 timed) + 3 ms of
-# sync and bookkeeping; a (batch, context) cache filled at ~1.5 TB/s. Summed over the grid:
-#   start-up per part (python + torch/transformers import, CUDA init, random weights on the GPU): ~15-20 s
-#   part 1: 552 points measured, 54 skipped (KV > memory)            -> ~65 s of measuring
-#   part 2: 579 points (27 skipped), every target point on 3 models  -> ~95 s
-#   part 3: 606 points on 4- and 12-layer cuts (~1.3x an 8B pass)    -> ~90 s
-#   If the launch floor is 1.5x the guess, ~1.4x these. The slices (weights 100/145/115 of the 420 s
-#   budget, TOTAL_SECONDS, less 15 s start-up per part: ~105/150/120 s) cover them with some room; what a
-#   part does not use goes to the next, `timeout` hard-caps each part, and the grid runs coarse to fine.
+# GPU time estimate (optimized path: one graph captured per decode point, ~3 passes, then >= 4 timed replays;
+# a 7-8B pass at small batch ~3-6 ms, launch-bound no more): ~560 points per pair at ~8 passes of ~10 ms on
+# average, plus per-group cache fills (~1 TB/s) and model start-up (~15-20 s): ~60-90 s per pair. Slices: check
+# 40 s, profile 150 + 160 s, validate 100 s, single 40 s (TOTAL_SECONDS 480 less start-up per stage).
 set -uo pipefail
 
 : "${OUT:?set OUT to the output folder}"
 PY=${PYTHON:-python3}
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
-LOG="$OUT/h200_profile.log"
+LOG="$OUT/gpu_run.log"
 : > "$LOG"
 START=$(date +%s)
+STAGES=",${STAGES:-check,profile,validate,single},"
 
 if [ "${TINY:-0}" = 1 ]; then
-  TOTAL_SECONDS=${TOTAL_SECONDS:-150}
-  STARTUP=10  # seconds per part outside the profiler's own clock (interpreter and imports)
-  PARTS=(
-    "tiny1__tiny-target__tiny-draft|tiny-target|tiny-draft||0|1"
-    "tiny2__tiny-target__tiny-draft|tiny-target|tiny-draft|1,2|1|1"
-    "tiny3__tiny-target__tiny-draft|tiny-target|tiny-draft|1,3|0|1"
-  )
+  TOTAL_SECONDS=${TOTAL_SECONDS:-240}
+  STARTUP=8
+  DEVICE=cpu; DTYPE=fp32; HW=tiny; CHECK_MODEL=tiny-target
+  PAIRS=("tiny-target|tiny-draft|150" "tiny-target|tiny-draft|160")
   COMMON=(--device cpu --dtype fp32 --threads 1 --batch-sizes 1,2,4,8 --query-lens 1,2,3,4,5
           --context-lens 16,32,64,128 --prefill-lens 16,32,64 --max-prefill-tokens 256)
+  VALIDATE=(--pair tiny --rates 2,8 --num-requests 12 --prompt-len 16 --output-len 12)
 else
-  TOTAL_SECONDS=${TOTAL_SECONDS:-420}
+  TOTAL_SECONDS=${TOTAL_SECONDS:-480}
   STARTUP=15
-  PARTS=(
-    "h200__llama-2-7b__llama-68m|llama-2-7b|llama-68m||0|100"
-    "h200__llama-3.1-8b__llama-3.2-1b|llama-3.1-8b|llama-3.2-1b|2,6|1|145"
-    "h200__llama-3.1-70b__llama-3.2-1b|llama-3.1-70b|llama-3.2-1b|4,12|0|115"
-  )
+  DEVICE=cuda; DTYPE=bf16; HW=h200; CHECK_MODEL=llama-2-7b
+  PAIRS=("llama-2-7b|llama-68m|150" "llama-3.1-8b|llama-3.2-1b|160")
   COMMON=(--device cuda --dtype bf16 --batch-sizes 1,2,4,8,16,32,64,128,256 --query-lens 1,2,3,4,5,6,7,8,9
           --context-lens 128,256,512,1024,2048,4096 --prefill-lens 128,256,512,1024,2048,4096
           --max-prefill-tokens 16384)
+  VALIDATE=(--pair llama-2-7b --rates 2,8,32 --num-requests 64 --prompt-len 256 --output-len 64)
 fi
-# Fewer, larger CUDA segments: less fragmentation when caches of very different sizes come and go.
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
-TIMING=(--warmup 1 --min-repeats 3 --max-repeats 10 --rel-tol 0.02 --point-seconds 1.0 --quiet)
+TIMING=(--warmup 1 --min-repeats 4 --max-repeats 10 --rel-tol 0.02 --point-seconds 1.0 --quiet)
+GRAPHS=()
 
 log() { echo "[$(($(date +%s) - START)) s] $*" | tee -a "$LOG"; }
+has() { [[ "$STAGES" == *",$1,"* ]]; }
+# seconds of the global budget left for this stage: its weight's share of what the stages still to run weigh
+slice() { local weight=$1 rest=$2; echo $(( (START + TOTAL_SECONDS - $(date +%s) - STARTUP) * weight / rest )); }
+run() {  # run LIMIT CMD...: a stage's command under a hard timeout, its output in the log
+  local limit=$1; shift
+  timeout --signal=INT --kill-after=20 "$limit" "$@" >> "$LOG" 2>&1
+  local status=$?
+  log "exit status $status: $*"
+  return $status
+}
 
-log "h200_profile: TINY=${TINY:-0}, budget ${TOTAL_SECONDS} s, output $OUT"
+log "gpu_run: TINY=${TINY:-0}, stages ${STAGES//,/ }, budget ${TOTAL_SECONDS} s, output $OUT"
+WEIGHTS=$(( $(has check && echo 40 || echo 0) + $(has profile && echo 310 || echo 0)
+            + $(has validate && echo 100 || echo 0) + $(has single && echo 40 || echo 0) ))
 
-FILES=()
-for i in "${!PARTS[@]}"; do
-  IFS='|' read -r NAME TARGET DRAFT SCALE CHECK WEIGHT <<< "${PARTS[$i]}"
-  # This part's share of what is left, in proportion to the weights of the parts still to run.
-  WEIGHTS_LEFT=0
-  for rest in "${PARTS[@]:$i}"; do WEIGHTS_LEFT=$((WEIGHTS_LEFT + ${rest##*|})); done
-  LEFT=$((START + TOTAL_SECONDS - $(date +%s) - STARTUP * (${#PARTS[@]} - i)))
-  SLICE=$((LEFT * WEIGHT / WEIGHTS_LEFT))
-  if [ "$SLICE" -lt 10 ]; then
-    log "$NAME: skipped, only ${SLICE} s left"
-    continue
+if has check; then
+  S=$(slice 40 "$WEIGHTS"); WEIGHTS=$((WEIGHTS - 40))
+  if ! run $((S + STARTUP)) "$PY" -m profiles.forward_check --device "$DEVICE" --model "$CHECK_MODEL" \
+        --out "$OUT/forward_check.json"; then
+    GRAPHS=(--no-cuda-graphs)
+    log "forward check failed: the later stages run the optimized path without CUDA graphs"
   fi
-  ARGS=(--target "$TARGET" --draft "$DRAFT" --out "$OUT/$NAME.csv" --max-seconds "$SLICE")
-  [ -n "$SCALE" ] && ARGS+=(--scale-layers "$SCALE")
-  [ "$CHECK" = 1 ] && ARGS+=(--check-scaling)
-  log "$NAME: ${SLICE} s slice: ${ARGS[*]}"
-  timeout --signal=INT --kill-after=20 $((SLICE + STARTUP + 30)) \
-    "$PY" -m profiles.cli "${ARGS[@]}" "${COMMON[@]}" "${TIMING[@]}" >> "$LOG" 2>&1
-  log "$NAME: exit status $?"
-  FILES+=("$OUT/$NAME.csv")
-done
+fi
 
-log "all parts done in $(($(date +%s) - START)) s; summary:"
-"$PY" - "${FILES[@]}" <<'EOF' 2>&1 | tee -a "$LOG"
-"""Summary of the profiles written: rows, skips, time used, a few reference points; the scaling check."""
+if has profile; then
+  for i in "${!PAIRS[@]}"; do
+    IFS='|' read -r TARGET DRAFT WEIGHT <<< "${PAIRS[$i]}"
+    S=$(slice "$WEIGHT" "$WEIGHTS"); WEIGHTS=$((WEIGHTS - WEIGHT))
+    NAME="${HW}-optimized__${TARGET}__${DRAFT}"
+    [ "${TINY:-0}" = 1 ] && NAME="${HW}${i}-optimized__${TARGET}__${DRAFT}"
+    if [ "$S" -lt 10 ]; then log "$NAME: skipped, only ${S} s left"; continue; fi
+    log "$NAME: ${S} s slice"
+    run $((S + STARTUP + 30)) "$PY" -m profiles.cli --target "$TARGET" --draft "$DRAFT" --forward optimized \
+      "${GRAPHS[@]}" --out "$OUT/$NAME.csv" --max-seconds "$S" "${COMMON[@]}" "${TIMING[@]}"
+  done
+fi
+
+PROFILE_7B="$OUT/${HW}-optimized__${PAIRS[0]%%|*}__$(cut -d'|' -f2 <<< "${PAIRS[0]}").csv"
+[ "${TINY:-0}" = 1 ] && PROFILE_7B="$OUT/${HW}0-optimized__tiny-target__tiny-draft.csv"
+[ -f "$PROFILE_7B" ] || PROFILE_7B="profiles/data/$(basename "$PROFILE_7B")"
+
+if has validate; then
+  S=$(slice 100 "$WEIGHTS"); WEIGHTS=$((WEIGHTS - 100))
+  log "validate: ${S} s slice, profile $PROFILE_7B"
+  run $((S + STARTUP + 30)) "$PY" -m profiles.validation.validate --twin --device "$DEVICE" --dtype "$DTYPE" \
+    --forward optimized "${GRAPHS[@]}" --profile "$PROFILE_7B" "${VALIDATE[@]}" --max-seconds "$S" \
+    --out "$OUT/validate_7b.csv"
+fi
+
+if has single; then
+  S=$(slice 40 "$WEIGHTS")
+  log "single: ${S} s slice"
+  run $((S + STARTUP + 30)) "$PY" -m profiles.validation.single_request --twin --device "$DEVICE" --dtype "$DTYPE" \
+    --forward optimized "${GRAPHS[@]}" --profile "$PROFILE_7B" "${VALIDATE[@]:0:2}" --max-seconds "$S" \
+    --out "$OUT/single_request_7b.csv"
+fi
+
+log "all stages done in $(($(date +%s) - START)) s; summary:"
+"$PY" - "$OUT"/*optimized__*.csv <<'EOF' 2>&1 | tee -a "$LOG"
+"""Summary of the profiles written: rows, skips, time used, a few reference points."""
 import json
 import sys
 from pathlib import Path
@@ -103,7 +132,7 @@ from pathlib import Path
 import pandas as pd
 
 pd.set_option("display.width", 250)
-lines, checks = [], []
+lines = []
 for csv in map(Path, sys.argv[1:]):
     meta_file = csv.with_name(csv.stem + ".meta.json")
     if not csv.is_file() or not meta_file.is_file():
@@ -115,24 +144,18 @@ for csv in map(Path, sys.argv[1:]):
         rows = frame[(frame.role == role) & (frame.phase == phase)]
         for column, value in where.items():
             rows = rows[rows[column] == value]
-        return f"{rows.seconds.iloc[0] * 1e3:.1f}" if len(rows) else "-"
+        return f"{rows.seconds.iloc[0] * 1e3:.2f}" if len(rows) else "-"
 
     b, q, c, p = (meta["grid"][k] for k in ("batch_sizes", "query_lens", "context_lens", "prefill_lens"))
     lines.append({
         "profile": csv.stem, "rows": meta["points"]["rows"], "skipped": meta["points"]["skipped"],
-        "grid": meta["points"]["grid"], "complete": meta["complete"], "wall_s": meta["wall_seconds"],
-        f"verify b={b[0]} q={q[-1]} L={c[0]} ms": ms("target", "decode", batch_size=b[0], query_len=q[-1], context_len=c[0]),
+        "grid": meta["points"]["grid"], "complete": meta["complete"], "graphs": meta.get("cuda_graphs"),
+        "wall_s": meta["wall_seconds"],
+        f"verify b={b[0]} q=1 L={c[0]} ms": ms("target", "decode", batch_size=b[0], query_len=1, context_len=c[0]),
+        f"verify b={b[0]} q=1 L={c[-1]} ms": ms("target", "decode", batch_size=b[0], query_len=1, context_len=c[-1]),
         f"verify b={b[-1]} q={q[0]} L={c[0]} ms": ms("target", "decode", batch_size=b[-1], query_len=q[0], context_len=c[0]),
         f"draft b={b[0]} L={c[0]} ms": ms("draft", "decode", batch_size=b[0], context_len=c[0]),
         f"prefill b={b[0]} P={p[-1]} ms": ms("target", "prefill", batch_size=b[0], query_len=p[-1]),
     })
-    scaling = meta.get("layer_scaling", {})
-    for part, err in scaling.get("check", {}).items():
-        checks.append({"profile": csv.stem, "layers": "{}+{} -> {}".format(*scaling["layers"], scaling["full_layers"]),
-                       "rows": part, "points": err["points"], "mean_rel_error": f"{err['mean_rel_error']:.1%}",
-                       "max_rel_error": f"{err['max_rel_error']:.1%}"})
 print(pd.DataFrame(lines).to_string(index=False))
-if checks:
-    print("layer-scaling check: extrapolated vs measured full depth")
-    print(pd.DataFrame(checks).to_string(index=False))
 EOF

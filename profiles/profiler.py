@@ -6,7 +6,9 @@ Measured points (rows of a profile, :mod:`simulator.profile_table`):
 - target ``decode``: verification of ``query_len = k + 1`` tokens per sequence over ``context_len`` cached;
 - draft ``decode``: one token per sequence over ``context_len`` cached; draft ``prefill`` as the target's.
 
-Method. Each pass runs through :mod:`profiles.forward` (the real engine's code path). Per point: warm-up
+Method. Each pass runs through the real engine's code path, eager (:mod:`profiles.models.forward`, Hugging Face
+as is) or optimized (:mod:`profiles.models.optimized`: in-place cache, CUDA graphs; ``forward`` setting, saved
+in the metadata and, by the prepared GPU run, in the file name). Per point: warm-up
 passes, then timed passes (``time.perf_counter`` with ``torch.cuda.synchronize`` before and after each on
 CUDA; on CPU a fixed ``torch.set_num_threads``) until at least ``min_repeats`` and the running median moves
 by less than ``rel_tol``, or ``max_repeats`` or ``point_seconds`` is reached; the median and the 10th/90th
@@ -264,6 +266,8 @@ class ProfileSettings:
     grid: Grid
     draft: str | None = None
     dtype: str = "bf16"
+    forward: str = "eager"
+    cuda_graphs: bool = True
     device: str = "cuda"
     threads: int | None = None
     max_seconds: float | None = None
@@ -279,6 +283,8 @@ class ProfileSettings:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPE_BYTES:
             raise UserError(f"--dtype: must be one of {', '.join(DTYPE_BYTES)} (got {self.dtype!r})")
+        if self.forward not in ("eager", "optimized"):
+            raise UserError(f"--forward: must be eager or optimized (got {self.forward!r})")
         if self.device not in ("cpu", "cuda"):
             raise UserError(f"--device: must be cpu or cuda (got {self.device!r})")
         for name in ("threads", "num_layers"):
@@ -305,7 +311,8 @@ class ProfileSettings:
 
     def identity(self) -> dict[str, Any]:
         """What a resumed run must share with the run that wrote the partial output."""
-        return {"target": self.target, "draft": self.draft, "dtype": self.dtype, "device_type": self.device,
+        return {"target": self.target, "draft": self.draft, "dtype": self.dtype, "forward": self.forward,
+                "device_type": self.device,
                 "num_layers": self.num_layers, "scale_layers": list(self.scale_layers or []) or None,
                 "check_scaling": self.check_scaling, "weights": self.weights}
 
@@ -403,6 +410,8 @@ def run_profile(settings: ProfileSettings, log: Callable[[str], None] | None = N
         "method": "measured",
         "device": forward.device_name(device),
         "dtype": settings.dtype,
+        "forward": settings.forward,
+        "cuda_graphs": settings.forward == "optimized" and settings.cuda_graphs and device.type == "cuda",
         "threads": torch.get_num_threads() if device.type == "cpu" else None,
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
@@ -546,6 +555,10 @@ def _measure_group(group: Group, points: list[Point], variants: list[Variant], s
     """Measure ``points`` of ``group`` with every variant (caches built once per variant), one row per point,
     until ``out_of_time()``."""
     sync = lambda: forward.synchronize(device)  # noqa: E731
+    if settings.forward == "optimized":
+        yield from _measure_group_optimized(group, points, variants, settings, forward, device, generator,
+                                            out_of_time, full_layers)
+        return
     caches = {}
     if group.phase == "decode":
         caches = {v.name: forward.random_cache(v.model, group.batch_size, group.context_len, generator)
@@ -564,6 +577,53 @@ def _measure_group(group: Group, points: list[Point], variants: list[Variant], s
                 timing = measure(lambda: forward.prefill_pass(v.model, ids), lambda: None, sync, settings.timing)
             timings.append(timing)
         yield _row(point, timings, settings, full_layers)
+
+
+def _measure_group_optimized(group: Group, points: list[Point], variants: list[Variant], settings: ProfileSettings,
+                             forward: Any, device: Any, generator: Any, out_of_time: Callable[[], bool],
+                             full_layers: int) -> Iterator[dict[str, Any]]:
+    """:func:`_measure_group` on the optimized path (:mod:`profiles.models.optimized`): one preallocated
+    cache per variant, filled with ``context_len`` random tokens per sequence; a decode pass writes its
+    ``q`` tokens in place without advancing the lengths (nothing to undo); on CUDA each decode point is
+    one captured graph, replayed (capture is not timed; the graphs are dropped with the group). A
+    verification keeps the logits of all ``q`` positions, a draft pass its last; a prefill runs eagerly
+    over an empty cache and keeps its last position's."""
+    from profiles.models.optimized import GraphedForward, SlotCache, attention_width
+
+    sync = lambda: forward.synchronize(device)  # noqa: E731
+    b, ctx = group.batch_size, group.context_len
+    longest_q = max(p.query_len for p in points)
+    runners = {}
+    for v in variants:
+        cache = SlotCache(v.model, b, ctx + longest_q)
+        if group.phase == "decode":
+            cache.fill_random(0, b, ctx, generator)
+        runners[v.name] = GraphedForward(v.model, cache, use_graphs=settings.cuda_graphs and device.type == "cuda")
+    try:
+        for point in points:
+            if out_of_time():
+                return
+            timings = []
+            for v in variants:
+                run = runners[v.name]
+                q = point.query_len
+                ids = forward.random_tokens(v.model, b, q, generator)
+                kept = q if group.phase == "decode" and group.role == "target" else 1
+                keep = torch_arange_keep(ids, q, kept)
+                width = attention_width(ctx, q, run.cache.max_len)
+                fresh = group.phase == "prefill"
+                timings.append(measure(lambda: run(0, ids, keep, width, fresh), lambda: None, sync, settings.timing))
+            yield _row(point, timings, settings, full_layers)
+    finally:
+        for run in runners.values():
+            run.clear()
+
+
+def torch_arange_keep(ids: Any, query_len: int, kept: int) -> Any:
+    """Logit columns a pass keeps: the last ``kept`` of ``query_len``, for every row (``(B, kept)``)."""
+    import torch
+
+    return torch.arange(query_len - kept, query_len, device=ids.device).expand(ids.shape[0], -1).contiguous()
 
 
 def _row(point: Point, timings: list[Timing], settings: ProfileSettings, full_layers: int) -> dict[str, Any]:

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from profiles.models import forward
 from profiles.acceptance import agreement_bits, greedy_acceptance
 from profiles.serving.engine import StepRunner, draw
+from profiles.serving.kv import PaddedBatch
 from profiles.models.pairs import (DRAFT_DIR, DRAFT_WEIGHTS, PROMPT_KINDS, draft_config, encode_prompts, load_target,
                                   new_draft, own_state_dict, read_prompts, tokenizer_fingerprint)
 from policies.errors import UserError
@@ -52,8 +52,9 @@ def generate(model: Any, prompts: list[list[int]], gen_len: int, batch_size: int
     runner = StepRunner(model, None, 1.0, rng)
     tokens, top_ids, top_probs = [], [], []
     for start in range(0, len(prompts), batch_size):
-        cache, logits = runner.prefill(model, prompts[start:start + batch_size])
-        answers: list[list[int]] = [[] for _ in range(cache.batch_size)]
+        cache = PaddedBatch(model)
+        logits = runner.prefill(cache, prompts[start:start + batch_size])
+        answers: list[list[int]] = [[] for _ in range(len(logits))]
         ids, probs = [], []
         for step in range(gen_len):
             p = torch.softmax(logits.double(), dim=-1)
@@ -64,7 +65,7 @@ def generate(model: Any, prompts: list[list[int]], gen_len: int, batch_size: int
             for answer, token in zip(answers, nxt):
                 answer.append(token)
             if step < gen_len - 1:
-                logits = forward.batch_pass(model, cache, [[t] for t in nxt], 1)[:, -1]
+                logits = cache.extend([[t] for t in nxt], all_logits=False)
         tokens += answers
         top_ids += list(torch.stack(ids, dim=1))
         top_probs += list(torch.stack(probs, dim=1))

@@ -1,5 +1,6 @@
-"""The real serving engine on tiny random models: lossless speculation, the rejection rule's distribution,
-KV rollback, the n-gram proposer, acceptance bookkeeping and bad input."""
+"""The real serving engine on tiny random models, on both forward paths (eager, optimized): lossless speculation,
+the rejection rule's distribution, KV rollback, the n-gram proposer, the timing twin, acceptance bookkeeping and
+bad input."""
 from __future__ import annotations
 
 import copy
@@ -16,6 +17,8 @@ from profiles.acceptance import greedy_acceptance  # noqa: E402
 from profiles.serving.engine import (EngineConfig, ServingEngine, StepRunner, accept_greedy, accept_sampled,  # noqa: E402
                              ngram_proposal)
 from profiles.models.pairs import load_draft, load_pair, tokenizer_fingerprint  # noqa: E402
+from profiles.serving.kv import PaddedBatch, SlotBatch  # noqa: E402
+from simulator.inputs.acceptance import ConstantAcceptance  # noqa: E402
 from simulator.costs.cost_model import model_from_dict  # noqa: E402
 from policies.errors import UserError  # noqa: E402
 from simulator.inputs.workload import Workload  # noqa: E402
@@ -67,22 +70,24 @@ def serve(pair, draft, workload, prompts, policy="fixed-k", k=3, seqs=4, params=
 
 
 # -- lossless greedy speculation ----------------------------------------------------------------------
+@pytest.mark.parametrize("forward_path", ["eager", "optimized"])
 @pytest.mark.parametrize("seqs", [1, 4])
 @pytest.mark.parametrize("policy,k,params", POLICIES)
 def test_greedy_output_is_the_targets_whatever_the_policy_and_batch(pair, close_draft, requests, policy, k, params,
-                                                                   seqs):
+                                                                   seqs, forward_path):
     workload, prompts = requests
-    result = serve(pair, close_draft, workload, prompts, policy, k, seqs, params)
+    result = serve(pair, close_draft, workload, prompts, policy, k, seqs, params, forward=forward_path)
     expected = [reference_greedy(pair.target, p, int(n)) for p, n in zip(prompts, workload.output_tokens)]
     assert result.outputs == expected
     if policy != "no-spec":
         assert 0 < result.summary["acceptance_rate"] < 1  # some proposals accepted, some rolled back
 
 
+@pytest.mark.parametrize("forward_path", ["eager", "optimized"])
 @pytest.mark.parametrize("seqs", [1, 4])
-def test_greedy_output_is_the_targets_with_the_ngram_proposer(pair, requests, seqs):
+def test_greedy_output_is_the_targets_with_the_ngram_proposer(pair, requests, seqs, forward_path):
     workload, prompts = requests
-    result = serve(pair, None, workload, prompts, "fixed-k", 3, seqs, proposer="ngram")
+    result = serve(pair, None, workload, prompts, "fixed-k", 3, seqs, proposer="ngram", forward=forward_path)
     assert result.outputs == [reference_greedy(pair.target, p, int(n)) for p, n in zip(prompts, workload.output_tokens)]
     assert result.summary["proposed_tokens"] > 0
 
@@ -110,21 +115,22 @@ def test_records_have_the_simulators_schema_and_add_up(pair, close_draft, reques
     assert (result.acceptance["accepted"] <= result.acceptance["proposed"]).all()
 
 
-def test_the_draft_cache_stays_in_step_with_the_context(pair, close_draft, requests):
+@pytest.mark.parametrize("forward_path", ["eager", "optimized"])
+def test_the_draft_cache_stays_in_step_with_the_context(pair, close_draft, requests, forward_path):
     """After every step the draft cache plus the pending tokens spell each request's context."""
     workload, prompts = requests
-    engine = ServingEngine(pair.target, close_draft, EngineConfig(max_num_seqs=4, max_k=3), make_policy("fixed-k", 3),
-                           COST, np.random.default_rng(0))
+    engine = ServingEngine(pair.target, close_draft, EngineConfig(max_num_seqs=4, max_k=3, forward=forward_path),
+                           make_policy("fixed-k", 3), COST, np.random.default_rng(0))
     checked = []
     step = engine._decode_step
 
     def checked_step(*args):
         step(*args)
         if engine.rids:
-            held = engine.draft_cache.lengths().tolist()
+            held = engine.draft_kv.lengths()
             for i, rid in enumerate(engine.rids):
                 assert held[i] + len(engine.pending[i]) == len(prompts[rid]) + len(engine.outputs[rid])
-            target_held = engine.target_cache.lengths().tolist()
+            target_held = engine.target_kv.lengths()
             assert target_held == [len(prompts[r]) + len(engine.outputs[r]) - 1 for r in engine.rids]
             checked.append(True)
 
@@ -193,20 +199,56 @@ def test_rollback_leaves_each_cache_equal_to_a_fresh_run_of_the_kept_tokens(pair
     model = pair.target
     runner = StepRunner(model, None, 0.0, np.random.default_rng(0))
     prompts = [[11, 12, 13, 14, 15, 16, 17], [21, 22, 23]]
-    batch, logits = runner.prefill(model, prompts)
-    first = runner.first_tokens(logits)
+    kv = PaddedBatch(model)
+    first = runner.first_tokens(runner.prefill(kv, prompts))
     greedy = [reference_greedy(model, p, 3) for p in prompts]
     # sequence 0 proposes its true next tokens (accepted), sequence 1 wrong ones (rejected at once)
     proposals = [greedy[0][1:3], [(greedy[1][1] + 1) % 1000, 5]]
-    accepted, tokens = runner.verify(batch, first, proposals, [None, None])
+    accepted, tokens = runner.verify(kv, first, proposals, [None, None])
     assert accepted == [2, 0]
-    assert batch.lengths().tolist() == [len(prompts[0]) + 3, len(prompts[1]) + 1]
+    assert kv.lengths() == [len(prompts[0]) + 3, len(prompts[1]) + 1]
     for row, kept in enumerate([prompts[0] + greedy[0], prompts[1] + greedy[1][:1]]):
-        assert torch.allclose(row_kv(batch, row), row_kv(fresh(model, kept), 0), atol=1e-5)
+        assert torch.allclose(row_kv(kv.batch, row), row_kv(fresh(model, kept), 0), atol=1e-5)
     # one sequence alone: rolled-back slots are cropped, not just masked
-    alone, logits = runner.prefill(model, [prompts[1]])
-    runner.verify(alone, runner.first_tokens(logits), [[1, 2, 3]], [None])
-    assert alone.width == len(prompts[1]) + 1 and bool(alone.valid.all())
+    alone = PaddedBatch(model)
+    runner.verify(alone, runner.first_tokens(runner.prefill(alone, [prompts[1]])), [[1, 2, 3]], [None])
+    assert alone.batch.width == len(prompts[1]) + 1 and bool(alone.batch.valid.all())
+
+
+def test_the_slot_cache_verifies_and_rolls_back_as_the_padded_one(pair):
+    """The optimized path's cache: same acceptances, same next tokens and lengths as the eager one, and a
+    removal moves the last row into the freed slot, keeping its tokens."""
+    model = pair.target
+    runner = StepRunner(model, None, 0.0, np.random.default_rng(0))
+    prompts = [[11, 12, 13, 14, 15, 16, 17], [21, 22, 23], [31, 32, 33, 34]]
+    greedy = [reference_greedy(model, p, 3) for p in prompts]
+    proposals = [greedy[0][1:3], [(greedy[1][1] + 1) % 1000, 5], greedy[2][1:2]]
+    results = []
+    for kv in (PaddedBatch(model), SlotBatch(model, 4, 32)):
+        first = runner.first_tokens(runner.prefill(kv, prompts))
+        results.append((first, runner.verify(kv, first, proposals, [None] * 3), kv.lengths()))
+    assert results[0] == results[1]
+    assert results[1][1][0] == [2, 0, 1]
+    slots = kv
+    assert slots.remove([0]) == [2, 1]  # the last row moved into slot 0
+    assert slots.lengths() == [len(prompts[2]) + 2, len(prompts[1]) + 1]
+    logits = slots.extend([[greedy[2][2]], [greedy[1][1]]], all_logits=False)
+    assert logits.argmax(dim=-1).tolist() == [reference_greedy(model, prompts[2], 4)[3], greedy[1][2]]
+
+
+def test_the_timing_twin_takes_its_acceptances_from_the_model_and_says_tokens_are_meaningless(pair, requests):
+    """A random-weight draft is almost never right; the twin accepts what the acceptance model draws instead
+    (here every proposed token: rate 1), so each speculative step emits k + 1 tokens."""
+    workload, prompts = requests
+    engine = ServingEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=4, max_k=3, forward="optimized"),
+                           make_policy("fixed-k", 3), COST, np.random.default_rng(0),
+                           acceptance=ConstantAcceptance(1.0, np.random.default_rng(1)))
+    result = engine.run(workload, prompts)
+    assert result.summary["tokens"].startswith("meaningless")
+    assert (result.acceptance["accepted"] == result.acceptance["proposed"]).all()
+    assert result.requests["output_tokens"].tolist() == workload.output_tokens.tolist()
+    lossless = serve(pair, pair.draft, workload, prompts, "fixed-k", 3, 4)
+    assert lossless.summary["tokens"] == "lossless" and lossless.summary["acceptance_rate"] < 0.5
 
 
 def test_merge_and_select_keep_every_sequence(pair):

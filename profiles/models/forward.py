@@ -256,11 +256,10 @@ def batch_pass(model: PreTrainedModel, batch: BatchCache, tokens: list[list[int]
 
 
 @torch.inference_mode()
-def rollback(batch: BatchCache, keep: torch.Tensor) -> None:
-    """Drop tokens from the right end: of the last ``keep.shape[1]`` slots, sequence ``i`` keeps slot ``j``
-    only where ``keep[i, j]``; trailing slots that no sequence keeps are cropped from the cache."""
-    n = keep.shape[1]
-    batch.valid[:, batch.width - n:] &= keep
+def truncate(batch: BatchCache, lengths: torch.Tensor) -> None:
+    """Keep the first ``lengths[i]`` tokens of sequence ``i`` (int64, ``(batch_size,)``), dropping later ones;
+    trailing slots that no sequence keeps are cropped from the cache."""
+    batch.valid &= batch.valid.cumsum(dim=1) <= lengths[:, None]
     used = torch.nonzero(batch.valid.any(dim=0))
     width = int(used.max()) + 1 if used.numel() else 0
     if width < batch.width:

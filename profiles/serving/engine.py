@@ -23,13 +23,21 @@ sum_i (p_i + 1) tokens (p_i proposed). Lossless:
   next position. Each output token is then distributed as the target's p. An n-gram proposal is a draft q
   with all its mass on the proposed token.
 
-KV caches: one :class:`profiles.forward.BatchCache` per model for the running batch. A step's rejected
-tokens are rolled back (:func:`profiles.forward.rollback`); finishing requests are dropped and newly
-prefilled ones merged in, both compacting the cache. Each request's newest token enters the target cache in
+KV caches: one :class:`profiles.serving.kv.KVBatch` per model for the running batch, on the forward path of
+``EngineConfig.forward``: ``eager`` (Hugging Face's cache, a padded rectangle compacted on every merge and
+removal) or ``optimized`` (a preallocated slot per request written in place, CUDA graphs on a GPU; graph
+capture is start-up work in a deployed engine, so the engine's clock stops while a graph is captured). A
+step's rejected tokens are rolled back (:meth:`KVBatch.truncate`); finishing requests are dropped. Each request's newest token enters the target cache in
 the pass that verifies the next ones (so ``context_lens`` = prompt + generated - 1, the simulator's
 convention). The draft cache may lag further: a request's ``pending`` tokens are in its context but not yet
 in the draft cache (the newest token, plus a fully accepted last draft token, plus every token of steps in
 which nobody speculated); the first draft pass of a step feeds them all.
+
+Timing twin (``acceptance`` given): the accept/reject decisions are drawn from one of the simulator's
+acceptance models (:mod:`simulator.inputs.acceptance`) instead of comparing tokens: a_i accepted of the p_i
+proposed, the next token the target's argmax after them. Every pass runs as in lossless mode, so the costs
+are real, but the generated tokens are meaningless (the summary says so). This lets the timing be validated on
+random-weight pairs of any size with the acceptance under control.
 
 Costs. The step's parts are timed (wall seconds, ``time.perf_counter``): the draft passes (forward and
 drawing the proposals), the verification (target forward, acceptance, rollback), the prefills; the rest of
@@ -54,9 +62,10 @@ import torch
 from transformers import PreTrainedModel
 
 from policies.base import BatchView, Policy, StepOutcome
-from profiles.models import forward
-from profiles.models.forward import BatchCache
+from profiles.models.optimized import FORWARDS
+from profiles.serving.kv import KVBatch, make_kv_batch
 from simulator.costs.cost_model import CostModel
+from simulator.inputs.acceptance import AcceptanceModel
 from policies.errors import UserError
 from simulator.metrics import Recorder, summarize
 from simulator.inputs.workload import Workload
@@ -89,6 +98,10 @@ class EngineConfig:
     """Longest n-gram the prompt lookup matches (tried first)."""
     block_size: int = 16
     """Tokens per KV block, only to report ``kv_blocks_used`` as the simulator does."""
+    forward: str = "eager"
+    """Forward path: ``eager`` (Hugging Face as is) or ``optimized`` (in-place cache, CUDA graphs on a GPU)."""
+    cuda_graphs: bool = True
+    """On the optimized path on a GPU: replay captured CUDA graphs for decode passes."""
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "ngram_min", "block_size"):
@@ -96,6 +109,8 @@ class EngineConfig:
                 raise UserError(f"engine: {name} must be >= 1 (got {getattr(self, name)})")
         if self.max_k < 0:
             raise UserError(f"engine: max_k must be >= 0 (got {self.max_k})")
+        if self.forward not in FORWARDS:
+            raise UserError(f"engine: forward must be one of {', '.join(FORWARDS)} (got {self.forward!r})")
         if self.proposer not in PROPOSERS:
             raise UserError(f"engine: proposer must be one of {', '.join(PROPOSERS)} (got {self.proposer!r})")
         if not self.temperature >= 0:
@@ -177,9 +192,8 @@ def ngram_proposal(tokens: Sequence[int], k: int, n_min: int, n_max: int) -> lis
 
 # -- the passes a step runs (timed by the engine profile) ------------------------------------------
 class StepRunner:
-    """The model work of the engine's steps: prefill, one draft pass, verification. Sampling draws from ``rng``.
-
-    :mod:`profiles.engine_profile` times exactly these methods.
+    """The model work of the engine's steps: prefill, one draft pass, verification, on :class:`KVBatch` caches.
+    Sampling draws from ``rng``. :mod:`profiles.engine_profile` times exactly these methods.
     """
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel | None, temperature: float,
@@ -188,15 +202,10 @@ class StepRunner:
         self.temperature = temperature
         self.rng = rng
 
-    def prefill(self, model: PreTrainedModel, prompts: list[list[int]]) -> tuple[BatchCache, torch.Tensor]:
-        """Prefill each prompt in a pass of its own (no padding: the cost is the sum over prompts, as a
-        variable-length kernel's) and merge them into one cache; the last positions' logits ``(b, vocab)``."""
-        parts, logits = [], []
-        for prompt in prompts:
-            part = forward.empty_batch_cache(model, 1)
-            logits.append(forward.batch_pass(model, part, [prompt], 1)[:, -1])
-            parts.append(part)
-        return (parts[0] if len(parts) == 1 else forward.merge(model, parts)), torch.cat(logits)
+    def prefill(self, kv: KVBatch, prompts: list[list[int]]) -> torch.Tensor:
+        """Prefill each prompt in a pass of its own into new rows of ``kv``; the last positions' logits
+        ``(b, vocab)``."""
+        return kv.prefill(prompts)
 
     def first_tokens(self, logits: torch.Tensor) -> list[int]:
         """The token each prefilled prompt emits (argmax, or drawn from the target's distribution)."""
@@ -204,35 +213,40 @@ class StepRunner:
             return logits.argmax(dim=-1).tolist()
         return [draw(p, self.rng) for p in probabilities(logits, self.temperature)]
 
-    def draft_pass(self, batch: BatchCache, tokens: list[list[int]],
+    def draft_pass(self, kv: KVBatch, tokens: list[list[int]],
                    proposing: np.ndarray) -> tuple[list[int], list[np.ndarray | None]]:
         """One draft pass: feed ``tokens[i]`` to sequence i and draw its next token (argmax, or from q where
         ``proposing[i]``); returns the tokens and, when sampling, q for the proposing sequences."""
-        logits = forward.batch_pass(self.draft, batch, tokens, 1)[:, -1]
+        logits = kv.extend(tokens, all_logits=False)                          # (B, vocab)
         if self.temperature == 0:
             return logits.argmax(dim=-1).tolist(), [None] * len(tokens)
         q = probabilities(logits, self.temperature)
         drawn = [draw(q[i], self.rng) if proposing[i] else int(q[i].argmax()) for i in range(len(tokens))]
         return drawn, [q[i] if proposing[i] else None for i in range(len(tokens))]
 
-    def verify(self, batch: BatchCache, last: list[int], proposals: list[list[int]],
-               q: list[np.ndarray | None]) -> tuple[list[int], list[int]]:
+    def verify(self, kv: KVBatch, last: list[int], proposals: list[list[int]], q: list[np.ndarray | None],
+               decided: np.ndarray | None = None) -> tuple[list[int], list[int]]:
         """One target pass over ``[last[i]] + proposals[i]`` per sequence; the accepted count and the next
-        token of each, with the rejected tokens rolled back from ``batch``. ``q[i]`` (sampling): the draft
-        distributions of ``proposals[i]``, shape ``(len, vocab)``; ``None`` for an n-gram proposal."""
-        blocks = [[t] + p for t, p in zip(last, proposals)]
-        width = max(len(b) for b in blocks)
-        logits = forward.batch_pass(self.target, batch, blocks, width)
+        token of each, with the rejected tokens rolled back from ``kv``. ``q[i]`` (sampling): the draft
+        distributions of ``proposals[i]``, shape ``(len, vocab)``; ``None`` for an n-gram proposal.
+        ``decided`` (timing twin): the accepted counts, drawn elsewhere; the next token is then the target's
+        argmax after them."""
+        before = kv.lengths()
+        logits = kv.extend([[t] + p for t, p in zip(last, proposals)], all_logits=True)  # (B, q, vocab)
         accepted, tokens = [], []
-        if self.temperature == 0:
+        if decided is not None or self.temperature == 0:
             argmax = logits.argmax(dim=-1).tolist()
-            for row, proposal in zip(argmax, proposals):
-                a, token = accept_greedy(proposal, row[width - len(proposal) - 1:])
+            for i, (row, proposal) in enumerate(zip(argmax, proposals)):
+                if decided is None:
+                    a, token = accept_greedy(proposal, row)
+                else:
+                    a = int(decided[i])
+                    token = int(row[a])
                 accepted.append(a)
                 tokens.append(token)
         else:
             for i, proposal in enumerate(proposals):
-                p = probabilities(logits[i, width - len(proposal) - 1:], self.temperature)
+                p = probabilities(logits[i, :len(proposal) + 1], self.temperature)
                 qi = q[i]
                 if qi is None:  # an n-gram proposal: all of q's mass on the proposed token
                     qi = np.zeros((len(proposal), p.shape[1]))
@@ -240,10 +254,7 @@ class StepRunner:
                 a, token = accept_sampled(proposal, p, qi, self.rng)
                 accepted.append(a)
                 tokens.append(token)
-        block = torch.arange(width, device=batch.valid.device)
-        start = torch.tensor([width - len(b) for b in blocks], device=block.device)
-        keep = (block >= start[:, None]) & (block <= (start + torch.tensor(accepted, device=block.device))[:, None])
-        forward.rollback(batch, keep)
+        kv.truncate([n + 1 + a for n, a in zip(before, accepted)])
         return accepted, tokens
 
 
@@ -252,10 +263,13 @@ class ServingEngine:
     """Serves a workload with real models; see the module docstring. One :meth:`run` per instance."""
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel | None, config: EngineConfig,
-                 policy: Policy, cost_model: CostModel | None, rng: np.random.Generator) -> None:
+                 policy: Policy, cost_model: CostModel | None, rng: np.random.Generator,
+                 acceptance: AcceptanceModel | None = None) -> None:
         """``cost_model``: what the policy's :class:`BatchView` offers (None for policies that need none, such as
-        ``fixed-k``); ``rng``: the draws of sampling."""
+        ``fixed-k``); ``rng``: the draws of sampling; ``acceptance``: the timing twin's accept/reject decisions
+        (None: lossless, decided by the tokens)."""
         self.config = config
+        self.acceptance = acceptance
         self.policy = policy
         self.cost_model = cost_model
         self.speculative = config.max_k > 0 and policy.name != "no-spec"
@@ -302,13 +316,17 @@ class ServingEngine:
         self.waiting: deque[int] = deque()
         self.rids: list[int] = []
         self.pending: list[list[int]] = []
-        self.target_cache: BatchCache | None = None
-        self.draft_cache: BatchCache | None = None
+        lookahead = cfg.max_k + 1 if self.speculative else 1
+        max_len = int((workload.prompt_tokens + workload.output_tokens).max()) + 2 * lookahead if n else 1
+        graphs = None if cfg.cuda_graphs else False  # None: graphs wherever the device has them
+        self.target_kv = make_kv_batch(cfg.forward, self.runner.target, cfg.max_num_seqs, max_len, graphs)
+        self.draft_kv = make_kv_batch(cfg.forward, self.runner.draft, cfg.max_num_seqs, max_len,
+                                      graphs) if self.use_draft else None
         arrivals = workload.arrival_time.tolist()
         arrived = 0
-        start = time.perf_counter()
+        self._start = time.perf_counter()
         while self.rec.finished < n:
-            step_start = time.perf_counter() - start
+            step_start = self._now()
             while arrived < n and arrivals[arrived] <= step_start:
                 self.waiting.append(arrived)
                 arrived += 1
@@ -317,16 +335,20 @@ class ServingEngine:
                 continue
             admitted = self._admit()
             if admitted:
-                self._prefill_step(admitted, start, step_start)
+                self._prefill_step(admitted, step_start)
             else:
-                self._decode_step(start, step_start)
+                self._decode_step(step_start)
         requests = self.rec.requests_frame()
         steps = self.rec.steps_frame()
         steps[PART_COLUMNS] = pd.DataFrame(self.parts, columns=PART_COLUMNS)
         acceptance = pd.DataFrame(self.accept_rows, columns=["request_id", "proposed", "accepted"])
         summary = summarize(requests, self.rec.acceptance_length())
         summary.update({"policy": self.policy.name, "k": cfg.max_k, "steps": self.rec.num_steps,
-                        "workload": workload.source, "temperature": cfg.temperature, "proposer": cfg.proposer})
+                        "workload": workload.source, "temperature": cfg.temperature, "proposer": cfg.proposer,
+                        "forward": cfg.forward, "graph_capture_seconds": round(self._captured(), 3),
+                        "tokens": ("meaningless: accept/reject drawn from the "
+                                   f"{self.acceptance.name} acceptance model (timing twin)")
+                        if self.acceptance is not None else "lossless"})
         return EngineResult(requests, steps, acceptance, self.outputs, summary)
 
     def _admit(self) -> list[int]:
@@ -344,31 +366,33 @@ class ServingEngine:
             seats -= 1
         return admitted
 
-    def _prefill_step(self, admitted: list[int], start: float, step_start: float) -> None:
+    def _captured(self) -> float:
+        """Seconds spent capturing CUDA graphs so far (start-up work; excluded from the engine's clock)."""
+        return sum(getattr(kv, "capture_seconds", 0.0) for kv in (self.target_kv, self.draft_kv) if kv is not None)
+
+    def _now(self) -> float:
+        """Seconds since the run started, graph capture excluded."""
+        return time.perf_counter() - self._start - self._captured()
+
+    def _prefill_step(self, admitted: list[int], step_start: float) -> None:
         runner = self.runner
         prompts = [self.prompts[r] for r in admitted]
         t0 = time.perf_counter()
-        cache, logits = runner.prefill(runner.target, prompts)
-        first = runner.first_tokens(logits)
+        first = runner.first_tokens(runner.prefill(self.target_kv, prompts))
         t1 = time.perf_counter()
-        draft_cache = runner.prefill(runner.draft, prompts)[0] if self.use_draft else None
+        if self.use_draft:
+            runner.prefill(self.draft_kv, prompts)
         t2 = time.perf_counter()
-        keep = []
-        for row, (rid, token) in enumerate(zip(admitted, first)):
+        for rid, token in zip(admitted, first):
             self.outputs[rid].append(token)
-            if self.output_len[rid] > 1:
-                keep.append(row)
-        if keep:
-            rows = [admitted[i] for i in keep]
-            if len(keep) < len(admitted):
-                cache = forward.select_rows(runner.target, cache, keep)
-                draft_cache = forward.select_rows(runner.draft, draft_cache, keep) if self.use_draft else None
-            self.target_cache = self._merged(runner.target, self.target_cache, cache)
-            if self.use_draft:
-                self.draft_cache = self._merged(runner.draft, self.draft_cache, draft_cache)
-            self.rids += rows
-            self.pending += [[self.outputs[r][-1]] for r in rows]
-        now = time.perf_counter() - start
+            if self.acceptance is not None:
+                self.acceptance.start(rid)
+        self.rids += admitted
+        self.pending += [[self.outputs[r][-1]] for r in admitted]
+        done = [len(self.rids) - len(admitted) + j for j, r in enumerate(admitted) if self.output_len[r] == 1]
+        if done:
+            self._retire(done)
+        now = self._now()
         for rid in admitted:
             self.rec.first_token(rid, now)
             if self.output_len[rid] == 1:
@@ -376,10 +400,6 @@ class ServingEngine:
         self.rec.step(step_start, now - step_start, "prefill", len(admitted), sum(map(len, prompts)),
                       self._kv_blocks(), len(self.waiting))
         self.parts.append((0, 0, t1 - t0, t2 - t1))
-
-    @staticmethod
-    def _merged(model: PreTrainedModel, running: BatchCache | None, new: BatchCache) -> BatchCache:
-        return new if running is None else forward.merge(model, [running, new])
 
     def _propose_k(self, now: float, context: np.ndarray) -> np.ndarray:
         """The policy's k per running request (``context``: tokens in each one's KV cache), checked as the
@@ -404,7 +424,7 @@ class ServingEngine:
         qs: list[list[np.ndarray]] = [[] for _ in self.rids]
         tokens = self.pending
         for j in range(1, passes + 1):
-            drawn, q = self.runner.draft_pass(self.draft_cache, tokens, k >= j)
+            drawn, q = self.runner.draft_pass(self.draft_kv, tokens, k >= j)
             for i, (token, qi) in enumerate(zip(drawn, q)):
                 if k[i] >= j:
                     proposals[i].append(token)
@@ -414,17 +434,17 @@ class ServingEngine:
         stacked = [np.stack(q) if q else None for q in qs]
         return proposals, stacked, passes
 
-    def _decode_step(self, start: float, step_start: float) -> None:
+    def _decode_step(self, step_start: float) -> None:
         cfg = self.config
         context = np.array([len(self.prompts[r]) + len(self.outputs[r]) - 1 for r in self.rids], dtype=np.int64)
-        slots = self.target_cache.batch_size * self.target_cache.width
+        slots = self.target_kv.slots()
         k = self._propose_k(step_start, context) if self.speculative else np.zeros(len(self.rids), dtype=np.int64)
         t0 = time.perf_counter()
         passes = 0
         q: list[np.ndarray | None] = [None] * len(self.rids)
         if self.use_draft and k.any():
+            draft_before = self.draft_kv.lengths()
             proposals, q, passes = self._draft_proposals(k)
-            pending_width = max(map(len, self.pending))
         elif cfg.proposer == "ngram" and k.any():
             proposals = [ngram_proposal(self.prompts[r] + self.outputs[r], int(ki), cfg.ngram_min, cfg.ngram_max)
                          for r, ki in zip(self.rids, k)]
@@ -432,11 +452,16 @@ class ServingEngine:
             proposals = [[] for _ in self.rids]
         t1 = time.perf_counter()
         last = [self.outputs[r][-1] for r in self.rids]
-        accepted, tokens = self.runner.verify(self.target_cache, last, proposals, q)
+        decided = None
+        if self.acceptance is not None:
+            proposed_now = np.array([len(p) for p in proposals], dtype=np.int64)
+            decided = self.acceptance.draw(np.asarray(self.rids, dtype=np.int64), proposed_now)
+        accepted, tokens = self.runner.verify(self.target_kv, last, proposals, q, decided)
         t2 = time.perf_counter()
         proposed = np.array([len(p) for p in proposals], dtype=np.int64)
         acc = np.asarray(accepted, dtype=np.int64)
         emitted = np.zeros(len(self.rids), dtype=np.int64)
+        draft_keep = [0] * len(self.rids)
         for i, rid in enumerate(self.rids):
             new = (proposals[i][:accepted[i]] + [tokens[i]])[:int(self.output_len[rid]) - len(self.outputs[rid])]
             self.outputs[rid] += new
@@ -444,20 +469,21 @@ class ServingEngine:
             if passes:
                 # draft tokens 1..passes-1 were fed to the draft; keep the accepted ones, the rest are rolled back
                 fed = min(accepted[i], passes - 1)
+                draft_keep[i] = draft_before[i] + len(self.pending[i]) + fed
                 self.pending[i] = proposals[i][fed:accepted[i]] + [tokens[i]]
             elif self.use_draft:
                 self.pending[i].append(tokens[i])
             if self.speculative:
                 self.accept_rows.append((rid, int(proposed[i]), accepted[i]))
         if passes:
-            self._roll_back_draft(passes, pending_width, acc)
+            self.draft_kv.truncate(draft_keep)
         rids = np.asarray(self.rids, dtype=np.int64)
         if proposed.any():
             self.rec.decode(rids, proposed, acc)
         done = [i for i, r in enumerate(self.rids) if len(self.outputs[r]) == self.output_len[r]]
         if done:
             self._retire(done)
-        now = time.perf_counter() - start
+        now = self._now()
         for i in done:
             self.rec.finish(int(rids[i]), now)
         self.rec.step(step_start, now - step_start, "decode", len(rids), 0, self._kv_blocks(), len(self.waiting),
@@ -467,29 +493,18 @@ class ServingEngine:
         for i in done:
             self.policy.finish(int(rids[i]))
 
-    def _roll_back_draft(self, passes: int, pending_width: int, accepted: np.ndarray) -> None:
-        """After ``passes`` draft passes (the first over a block of ``pending_width`` slots, then one slot each,
-        the slot of pass j + 1 holding draft token j): keep the pending tokens and the accepted draft tokens."""
-        device = self.draft_cache.valid.device
-        kept_draft = torch.arange(1, passes, device=device) <= torch.as_tensor(accepted, device=device)[:, None]
-        keep = torch.cat([torch.ones(len(accepted), pending_width, dtype=torch.bool, device=device), kept_draft], dim=1)
-        forward.rollback(self.draft_cache, keep)
-
     def _retire(self, done: list[int]) -> None:
-        """Drop finished requests from the batch and its caches."""
-        keep = [i for i in range(len(self.rids)) if i not in set(done)]
-        self.rids = [self.rids[i] for i in keep]
-        self.pending = [self.pending[i] for i in keep]
-        if not keep:
-            self.target_cache = self.draft_cache = None
-            return
-        self.target_cache = forward.select_rows(self.runner.target, self.target_cache, keep)
+        """Drop finished requests (rows ``done``) from the batch and its caches."""
+        order = self.target_kv.remove(done)
         if self.use_draft:
-            self.draft_cache = forward.select_rows(self.runner.draft, self.draft_cache, keep)
+            assert self.draft_kv.remove(done) == order  # both caches keep their rows in the same order
+        for rid in (self.rids[i] for i in done):
+            if self.acceptance is not None:
+                self.acceptance.finish(rid)
+        self.rids = [self.rids[i] for i in order]
+        self.pending = [self.pending[i] for i in order]
 
     def _kv_blocks(self) -> int:
         """KV blocks the running requests' target tokens would hold in a paged cache."""
-        if self.target_cache is None:
-            return 0
         bs = self.config.block_size
-        return int(((self.target_cache.lengths() + bs - 1) // bs).sum())
+        return sum((n + bs - 1) // bs for n in self.target_kv.lengths())
