@@ -15,12 +15,12 @@ Conventions (as vLLM's spec-decode metrics):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from simulator.costs.cost_model import CostModel
+from policies.errors import UserError
+from policies.step_time import StepCosts
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class BatchView:
     """Output tokens each request has produced so far (>= 1 after prefill), int64."""
     num_waiting: int
     """Requests waiting in the queue (not yet running)."""
-    cost_model: "CostModel"
+    cost_model: StepCosts
     """The cost model the policy believes in (may differ from the simulator's)."""
     max_k: int
     """Upper bound on k for any request this step (configured k / K_max)."""
@@ -82,8 +82,6 @@ class Policy:
 
     def __init__(self, k: int, **params: Any) -> None:
         if params:
-            from policies.errors import UserError
-
             raise UserError(f"policy {self.name}: unknown parameter {sorted(params)[0]!r}")
         self.k = int(k)
 

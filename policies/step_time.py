@@ -13,17 +13,37 @@ plus one verification pass over every proposed and bonus token. All times are se
 A step is summarised by its :class:`StepShape` (token counts per pass), so an adaptive policy can
 price "one request one token longer or shorter" in O(max k) with :meth:`StepShape.moved` instead of
 re-reading the batch.
+
+The formula is written once, in :func:`step_seconds` (over the priced parts); :func:`shape_seconds` prices a
+:class:`StepShape` with it, :func:`uniform_step_seconds` every uniform k of one batch (each draft pass priced
+once), and :func:`run_seconds` is its vectorised form for a run of
+steps of one unchanged batch (the simulator's fast path): the same additions in the same order, so each step's
+seconds equal :func:`shape_seconds` bit for bit (tested). Cost models are anything with the methods of
+:class:`StepCosts` (the simulator's ``CostModel`` is one).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from simulator.costs.cost_model import CostModel
+
+class StepCosts(Protocol):
+    """What the step formula asks of a cost model (seconds; tokens are totals over the batch). The batch methods
+    price several steps at once and must equal the scalar calls exactly; the simulator's ``CostModel`` builds
+    them from the scalar ones unless a model has faster ones."""
+
+    def target_time(self, batch_size: int, query_tokens: int, context_tokens: int) -> float: ...
+
+    def draft_time(self, batch_size: int, context_tokens: int) -> float: ...
+
+    def overhead_time(self, batch_size: int) -> float: ...
+
+    def target_times(self, batch_size: int, query_tokens: int, context_tokens: Sequence[int]) -> list[float]: ...
+
+    def draft_times(self, batch_size: int, context_tokens: Sequence[int]) -> list[float]: ...
 
 
 @dataclass(frozen=True)
@@ -80,34 +100,50 @@ def uniform_step_shape(batch_size: int, context_tokens: int, k: int) -> StepShap
     return StepShape(batch_size, batch_size * (k + 1), context_tokens, passes)
 
 
-def uniform_step_seconds(cost_model: "CostModel", batch_size: int, context_tokens: int, k_max: int,
-                         draft_cost: bool) -> list[float]:
-    """:func:`shape_seconds` of :func:`uniform_step_shape` for k = 0..k_max, bit for bit (the same additions in
-    the same order), pricing each draft pass once: what a batch-wide choice of k compares."""
-    overhead = cost_model.overhead_time(batch_size)
-    drafts = ([cost_model.draft_time(batch_size, context_tokens + batch_size * j) for j in range(k_max)]
-              if draft_cost else [])
-    out = []
-    for k in range(k_max + 1):
-        seconds = cost_model.target_time(batch_size, batch_size * (k + 1), context_tokens)
-        seconds += overhead
-        for draft in drafts[:k]:
-            seconds += draft
-        out.append(float(seconds))
-    return out
-
-
-def shape_seconds(cost_model: "CostModel", shape: StepShape, draft_cost: bool) -> float:
-    """Seconds of a step of this shape: draft passes (if ``draft_cost``) + verification + overhead."""
-    seconds = cost_model.target_time(shape.batch_size, shape.query_tokens, shape.context_tokens)
-    seconds += cost_model.overhead_time(shape.batch_size)
-    if draft_cost:
-        for seqs, tokens in shape.draft_passes:
-            seconds += cost_model.draft_time(seqs, tokens)
+def step_seconds(target: float, overhead: float, drafts: Iterable[float]) -> float:
+    """The step-time formula over its priced parts: verification + overhead + the draft passes, added in that
+    order. Every pricing of a step goes through it (:func:`shape_seconds`, :func:`uniform_step_seconds`) or is
+    its vectorised form (:func:`run_seconds`), so all agree bit for bit."""
+    seconds = target
+    seconds += overhead
+    for draft in drafts:
+        seconds += draft
     return float(seconds)
 
 
-def predict_step_seconds(cost_model: "CostModel", context_lens: Sequence[int] | np.ndarray,
+def shape_seconds(cost_model: StepCosts, shape: StepShape, draft_cost: bool) -> float:
+    """Seconds of a step of this shape: verification + overhead + draft passes (if ``draft_cost``)."""
+    return step_seconds(cost_model.target_time(shape.batch_size, shape.query_tokens, shape.context_tokens),
+                        cost_model.overhead_time(shape.batch_size),
+                        [cost_model.draft_time(seqs, tokens) for seqs, tokens in shape.draft_passes] if draft_cost
+                        else ())
+
+
+def uniform_step_seconds(cost_model: StepCosts, batch_size: int, context_tokens: int, k_max: int,
+                         draft_cost: bool) -> list[float]:
+    """:func:`shape_seconds` of :func:`uniform_step_shape` for k = 0..k_max: what a batch-wide choice of k
+    compares. Step k runs the first k draft passes of step k_max, so each pass is priced once."""
+    shape = uniform_step_shape(batch_size, context_tokens, k_max)
+    overhead = cost_model.overhead_time(batch_size)
+    drafts = [cost_model.draft_time(seqs, tokens) for seqs, tokens in shape.draft_passes] if draft_cost else []
+    return [step_seconds(cost_model.target_time(batch_size, batch_size * (k + 1), context_tokens), overhead,
+                         drafts[:k]) for k in range(k_max + 1)]
+
+
+def run_seconds(cost_model: StepCosts, batch_size: int, query_tokens: int, context_tokens: Sequence[int],
+                draft_passes: Iterable[tuple[int, Sequence[int]]], draft_cost: bool) -> list[float]:
+    """:func:`step_seconds` of each step of a run of one batch, vectorised: step j verifies ``query_tokens`` over
+    ``context_tokens[j]`` and runs draft passes ``(sequences, contexts)``, pass p reading ``contexts[j]`` tokens
+    at step j. The same additions in the same order as :func:`step_seconds`, bit for bit (tested)."""
+    overhead = cost_model.overhead_time(batch_size)
+    seconds = [t + overhead for t in cost_model.target_times(batch_size, query_tokens, context_tokens)]
+    if draft_cost:
+        for sequences, pass_contexts in draft_passes:
+            seconds = [t + d for t, d in zip(seconds, cost_model.draft_times(sequences, pass_contexts))]
+    return seconds
+
+
+def predict_step_seconds(cost_model: StepCosts, context_lens: Sequence[int] | np.ndarray,
                          ks: Sequence[int] | np.ndarray, draft_cost: bool) -> float:
     """Seconds of one decode step with proposals ``ks`` (see the module docstring for the formula).
 

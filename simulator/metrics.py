@@ -67,6 +67,17 @@ class Recorder:
         self.accepted[rid] += accepted
         self.spec_steps[rid] += steps * (proposed > 0)
 
+    @property
+    def keeps_steps(self) -> bool:
+        """Whether each step is recorded (``save_steps``); else only counted."""
+        return self.steps is not None
+
+    def count_steps(self, n: int) -> None:
+        """``n`` steps ran that are not recorded one by one (only when steps are not kept)."""
+        if self.steps is not None:
+            raise RuntimeError("steps are kept: record each with step()")
+        self.num_steps += n
+
     def step(self, start: float, seconds: float, kind: str, batch_size: int, prefill_tokens: int,
              kv_blocks_used: int, num_waiting: int, proposed: np.ndarray | None = None,
              accepted: np.ndarray | None = None, emitted: np.ndarray | None = None) -> None:

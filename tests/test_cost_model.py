@@ -427,20 +427,46 @@ def test_unreadable_inputs_raise_user_errors(tmp_path):
 
 
 # -- speed ---------------------------------------------------------------------------------------
-def test_speed_per_call_is_printed(capsys):
-    """The engine calls these millions of times a run: print microseconds per call (not asserted)."""
-    models = {"json": load_cost_model(EXAMPLE_JSON), "linear": load_cost_model(EXAMPLE_GRID, "linear"),
-              "interp": load_cost_model(EXAMPLE_GRID, "interp")}
-    n = 20_000
-    lines = []
-    for name, model in models.items():
-        for call, args in (("target_time", (32, 96, 32 * 700)), ("draft_time", (32, 32 * 700)),
-                           ("overhead_time", (32,))):
-            method = getattr(model, call)
-            start = time.perf_counter()
-            for _ in range(n):
-                method(*args)
-            lines.append(f"{name:6s} {call:13s} {(time.perf_counter() - start) / n * 1e6:6.2f} us/call")
-    with capsys.disabled():
-        print("\n" + "\n".join(lines))
+def test_the_per_call_speed_is_a_bench_case(capsys):
+    """``run_sim.py bench --calls N`` prints microseconds per cost-model call (the figures are not asserted)."""
+    from simulator.studies.bench import main as bench_main
 
+    assert bench_main(["--sizes", "", "--calls", "200"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.endswith("us/call")]
+    assert len(lines) == 9 and {line.split()[0] for line in lines} == {"json", "linear", "interp"}
+
+
+# -- a cost model of one's own -------------------------------------------------------------------
+def test_a_cost_model_with_only_scalar_methods_gets_the_batch_methods_and_runs_in_the_engine(cost_json):
+    """The engine's runs price steps with target_times/draft_times; a user model writes only the scalar calls."""
+    from simulator.costs.cost_model import CostModel
+
+    base = load_cost_model(cost_json(), "linear")
+
+    class Mine(CostModel):
+        method, source, path, memory, fit_error = "hand-written", "test", "mine", None, None
+
+        def target_time(self, batch_size, query_tokens, context_tokens):
+            return base.target_time(batch_size, query_tokens, context_tokens)
+
+        def draft_time(self, batch_size, context_tokens):
+            return base.draft_time(batch_size, context_tokens)
+
+        def prefill_time(self, batch_size, prompt_tokens, role="target"):
+            return base.prefill_time(batch_size, prompt_tokens, role)
+
+        def overhead_time(self, batch_size):
+            return base.overhead_time(batch_size)
+
+        def has(self, role, phase):
+            return base.has(role, phase)
+
+    mine = Mine()
+    contexts = [100, 250, 4000]
+    assert mine.target_times(4, 12, contexts) == base.target_times(4, 12, contexts)
+    assert mine.draft_times(3, contexts) == base.draft_times(3, contexts)
+    from tests.test_engine import run_engine_with_cost
+
+    for policy in ("no-spec", "fixed-k"):
+        ours, shipped = run_engine_with_cost(mine, policy), run_engine_with_cost(base, policy)
+        assert ours.steps == shipped.steps and ours.num_steps == shipped.num_steps

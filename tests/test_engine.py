@@ -61,7 +61,7 @@ def test_invariants_hold_under_pressure(cost_json, scheduler, policy, acceptance
 
 def test_every_request_gets_exactly_its_output_tokens(cost_json):
     from simulator.inputs.acceptance import make_acceptance
-    from simulator.core.engine import EngineSpec, ServingEngine
+    from simulator.core.engine import EngineSpec, SimulatedEngine
     from simulator.metrics import Recorder
     from policies import make_policy
     from simulator.costs.cost_model import load_cost_model
@@ -70,11 +70,12 @@ def test_every_request_gets_exactly_its_output_tokens(cost_json):
     cost = load_cost_model(cost_json(per_batched_token=1e-4), "linear")
     wl = fixed_workload([0.0, 0.0, 0.1, 0.2], [10, 50, 7, 300], [1, 9, 33, 5])
     config = SimConfig(rate=1.0, num_requests=4, acceptance_rate=0.6, k=3)
-    spec = EngineSpec(4, 64, 4, 200, True, 3, True, 0.5, True)
+    spec = EngineSpec(max_num_seqs=4, max_num_batched_tokens=64, block_size=4, num_gpu_blocks=200, chunked_prefill=True,
+                      max_k=3, draft_proposer=True, ngram_match_prob=0.5, speculative=True)
     env = simpy.Environment()
     rec = Recorder(wl.arrival_time, wl.prompt_tokens, wl.output_tokens, save_steps=True)
-    engine = ServingEngine(env, spec, wl, cost, make_policy("fixed-k", 3), cost,
-                           make_acceptance(config, np.random.default_rng(0)), np.random.default_rng(1), rec)
+    engine = SimulatedEngine(env, spec, wl, cost, make_policy("fixed-k", 3), cost,
+                             make_acceptance(config, np.random.default_rng(0)), np.random.default_rng(1), rec)
     engine.start()
     env.run()
     assert engine.generated == [1, 9, 33, 5]
@@ -212,19 +213,21 @@ def run_engine(cost_path: str, config: SimConfig, run_steps: int):
     from policies import make_policy
     from simulator.inputs.acceptance import make_acceptance
     from simulator.costs.cost_model import load_cost_model
-    from simulator.core.engine import EngineSpec, ServingEngine
+    from simulator.core.engine import EngineSpec, SimulatedEngine
     from simulator.metrics import Recorder
     from simulator.inputs.workload import build_workload
 
     rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(4)]
     wl = build_workload(config, rngs[0], rngs[1])
     cost = load_cost_model(cost_path, "linear")
-    spec = EngineSpec(config.max_num_seqs, config.max_num_batched_tokens, config.block_size, config.num_gpu_blocks,
-                      False, config.k, True, 0.5, config.policy != "no-spec", run_steps=run_steps)
+    spec = EngineSpec(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+                      block_size=config.block_size, num_gpu_blocks=config.num_gpu_blocks, chunked_prefill=False,
+                      max_k=config.k, draft_proposer=True, ngram_match_prob=0.5,
+                      speculative=config.policy != "no-spec", run_steps=run_steps)
     env = simpy.Environment()
     rec = Recorder(wl.arrival_time, wl.prompt_tokens, wl.output_tokens, save_steps=True)
-    ServingEngine(env, spec, wl, cost, make_policy(config.policy, config.k), cost,
-                  make_acceptance(config, rngs[2]), rngs[3], rec).start()
+    SimulatedEngine(env, spec, wl, cost, make_policy(config.policy, config.k), cost,
+                    make_acceptance(config, rngs[2]), rngs[3], rec).start()
     env.run()
     return rec
 
@@ -270,3 +273,28 @@ def test_a_simulation_never_imports_pandas(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def run_engine_with_cost(cost, policy: str, run_steps: int = 64):
+    """The engine with cost model object ``cost`` (any :class:`CostModel`) on a small fixed-length workload."""
+    import simpy
+
+    from policies import make_policy
+    from simulator.core.engine import EngineSpec, SimulatedEngine
+    from simulator.inputs.acceptance import make_acceptance
+    from simulator.inputs.workload import build_workload
+    from simulator.metrics import Recorder
+
+    config = SimConfig(rate=20.0, num_requests=40, prompt_len=64, output_len=40, k=3, policy=policy, seed=5)
+    rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(4)]
+    wl = build_workload(config, rngs[0], rngs[1])
+    spec = EngineSpec(max_num_seqs=16, max_num_batched_tokens=2048, block_size=16, num_gpu_blocks=2000,
+                      chunked_prefill=False, max_k=3, draft_proposer=True, ngram_match_prob=0.5,
+                      speculative=policy != "no-spec", run_steps=run_steps)
+    env = simpy.Environment()
+    rec = Recorder(wl.arrival_time, wl.prompt_tokens, wl.output_tokens, save_steps=True)
+    SimulatedEngine(env, spec, wl, cost, make_policy(policy, 3), cost, make_acceptance(config, rngs[2]), rngs[3],
+                    rec).start()
+    env.run()
+    assert rec.finished == 40
+    return rec

@@ -11,6 +11,7 @@ from policies.goodput import MODES, expected_tokens
 from policies.registry import load_policy_file, make_policy, names
 from policies.step_time import predict_step_seconds, step_shape
 from policies.errors import UserError
+from tests.conftest import REPO
 
 
 class LinearCost:
@@ -381,3 +382,21 @@ def test_the_candidate_ks_of_a_batch_wide_choice_are_priced_exactly_as_their_sha
     seconds = uniform_step_seconds(model, 6, 6 * 700, 5, draft_cost)
     assert seconds == [shape_seconds(model, uniform_step_shape(6, 6 * 700, k), draft_cost) for k in range(6)]
     assert seconds == sorted(seconds) and seconds[5] > seconds[0]  # more tokens verified (and drafted) cost more
+
+
+@pytest.mark.parametrize("ks", [[3, 3, 3], [0, 0, 0], [1, 3, 2], [0, 2, 4]])
+def test_run_seconds_is_the_step_formula_vectorised_bit_for_bit(ks):
+    """The simulator's runs price a run of steps in one call; each step equals shape_seconds of its shape."""
+    from policies.step_time import run_seconds, shape_seconds
+    from simulator.costs.cost_model import load_cost_model
+
+    model = load_cost_model(REPO / "profiles" / "data" / "example_grid.csv", "interp")
+    rng = np.random.default_rng(0)
+    steps = rng.integers(50, 3000, size=(6, len(ks)))  # each request's context at each step
+    k = np.array(ks)
+    k_max = max(ks)
+    passes = [(int((k >= p + 1).sum()), [int(row[k >= p + 1].sum()) + int((k >= p + 1).sum()) * p for row in steps])
+              for p in range(k_max)]
+    for draft_cost in (True, False):
+        vectorised = run_seconds(model, len(ks), int(k.sum()) + len(ks), steps.sum(axis=1).tolist(), passes, draft_cost)
+        assert vectorised == [shape_seconds(model, step_shape(row, k), draft_cost) for row in steps]

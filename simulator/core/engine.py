@@ -1,4 +1,4 @@
-"""The serving engine: one SimPy process that schedules steps like vLLM's continuous batching.
+"""The simulated serving engine: one SimPy process that schedules steps like vLLM's continuous batching.
 
 Semantics (vLLM terms):
 
@@ -18,16 +18,8 @@ Semantics (vLLM terms):
   costs draft + verification + overhead (:func:`policies.step_time.predict_step_seconds`), draws accepted
   a_i in [0, k_i] from the acceptance model and appends min(a_i + 1, tokens still needed) tokens.
 
-Runs of steps: when the policy is *stationary* (its proposals depend only on which requests run:
-no-spec, fixed-k, threshold on the running count) and a draft model or nobody proposes, the engine asks
-the policy once and simulates up to ``run_steps`` decode steps of the unchanged batch in one SimPy event:
-the acceptance draws of the run come in one call, and the run ends at the step in which a request
-finishes, before a step whose KV blocks would not fit (that step goes through the per-step path, which
-preempts), or with the step during which the next request arrives when the queue is empty (so the
-arrival is admitted at the same step boundary as step by step). Each step keeps its own time from the
-cost model, so a run is the same steps at the same times; only the random stream is consumed in
-blocks, so runs and single steps give statistically equal, not identical, results with speculation
-(and identical ones without).
+Runs of steps (the fast path, fenced in :mod:`simulator.core.runs`): for a stationary policy the engine
+simulates several decode steps of an unchanged batch in one event, the same steps at the same times.
 
 Bookkeeping: ``ctx`` = tokens in a running request's KV cache before the next decode step
 = prompt + generated - 1 (the newest token enters the cache in the pass that verifies the next ones).
@@ -36,10 +28,7 @@ per-pass cost too many). Times are seconds of simulated time; tokens are counts.
 """
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import deque
-from collections.abc import Sequence
-from itertools import accumulate
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,13 +36,15 @@ import simpy
 
 from policies.base import BatchView, Policy, StepOutcome
 from policies.step_time import predict_step_seconds
-from simulator.inputs.acceptance import AcceptanceModel
-from simulator.costs.cost_model import CostModel
 from policies.errors import UserError
-from simulator.metrics import Recorder
+from simulator.core.runs import DecodeRuns
+from simulator.costs.cost_model import CostModel
+from simulator.inputs.acceptance import AcceptanceModel
 from simulator.inputs.workload import Workload
+from simulator.metrics import Recorder
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, kw_only=True)
 class EngineSpec:
     """The scheduler's limits (resolved from :class:`simulator.config.SimConfig`)."""
 
@@ -72,7 +63,20 @@ class EngineSpec:
     """Most decode steps simulated in one event for a stationary policy (1: always step by step)."""
 
 
-class ServingEngine:
+@dataclass(slots=True, eq=False)
+class Prefill:
+    """A request being prefilled (compared by identity)."""
+
+    rid: int
+    done: int
+    """Tokens already prefilled."""
+    total: int
+    """Tokens to prefill: prompt + generated before a preemption."""
+    blocks: int
+    """KV blocks held."""
+
+
+class SimulatedEngine(DecodeRuns):
     """Serves ``workload`` in a SimPy environment; call :meth:`start`, then ``env.run()``."""
 
     def __init__(self, env: simpy.Environment, spec: EngineSpec, workload: Workload, cost_model: CostModel,
@@ -97,8 +101,7 @@ class ServingEngine:
         self.arrived = 0
         self._wake: simpy.Event | None = None
         self.free_blocks = spec.num_gpu_blocks
-        # Requests being prefilled: [request id, tokens already prefilled, tokens to prefill, blocks held].
-        self.prefilling: list[list[int]] = []
+        self.prefilling: list[Prefill] = []
         # The decode batch, in admission order (newest last), as parallel lists of ints: at serving batch sizes
         # (tens) plain Python beats small numpy calls several times over; the numpy paths convert.
         self.rid: list[int] = []
@@ -172,13 +175,13 @@ class ServingEngine:
                 break
             self.waiting.popleft()
             self.free_blocks -= blocks
-            self.prefilling.append([rid, 0, tokens, blocks])
+            self.prefilling.append(Prefill(rid, 0, tokens, blocks))
             budget -= tokens
             seats -= 1
         return bool(self.prefilling)
 
     def _prefill_step(self):
-        chunks = [(entry, entry[2]) for entry in self.prefilling]
+        chunks = [(entry, entry.total) for entry in self.prefilling]
         seconds = self._prefill_seconds(chunks) + self.cost.overhead_time(len(chunks))
         start = self.env.now
         yield self.env.timeout(seconds)
@@ -212,7 +215,7 @@ class ServingEngine:
                           s.num_gpu_blocks - self.free_blocks, len(self.waiting))
         self._finish_prefills(chunks)
 
-    def _plan_chunks(self, budget: int) -> list[tuple[list[int], int]]:
+    def _plan_chunks(self, budget: int) -> list[tuple[Prefill, int]]:
         """Prefill chunks for this step under ``budget`` tokens: running prefills first, then new admissions."""
         s = self.spec
         chunks = []
@@ -227,7 +230,7 @@ class ServingEngine:
         seats = s.max_num_seqs - len(self.rid) - len(self.prefilling)
         while self.waiting and seats > 0 and budget > 0:
             rid = self.waiting[0]
-            entry = [rid, 0, self.prompt[rid] + self.generated[rid], 0]
+            entry = Prefill(rid, 0, self.prompt[rid] + self.generated[rid], 0)
             chunk = self._grow_chunk(entry, budget)
             if chunk == 0:
                 break
@@ -238,17 +241,17 @@ class ServingEngine:
             seats -= 1
         return chunks
 
-    def _grow_chunk(self, entry: list[int], budget: int) -> int:
+    def _grow_chunk(self, entry: Prefill, budget: int) -> int:
         """Reserve blocks for the next chunk of ``entry`` (at most ``budget`` tokens); return its size (0: no room)."""
         bs = self.spec.block_size
-        _, done, total, held = entry
+        done, total, held = entry.done, entry.total, entry.blocks
         room = (held + self.free_blocks) * bs - done  # tokens that fit in held + free blocks
         chunk = min(total - done, budget, room)
         if chunk <= 0:
             return 0
         need = -(-(done + chunk) // bs) - held
         self.free_blocks -= need
-        entry[3] += need
+        entry.blocks += need
         return chunk
 
     # -- shared pieces --------------------------------------------------------------------------
@@ -263,10 +266,10 @@ class ServingEngine:
         """Advance chunks; requests whose prefill completed emit their first token and join the decode batch."""
         now = self.env.now
         for entry, chunk in chunks:
-            entry[1] += chunk
-            if entry[1] == entry[2]:
+            entry.done += chunk
+            if entry.done == entry.total:
                 self.prefilling.remove(entry)
-                rid, tokens, blocks = entry[0], entry[2], entry[3]  # tokens: prompt + generated before a preemption
+                rid, tokens, blocks = entry.rid, entry.total, entry.blocks  # tokens: prompt + generated before a preemption
                 self.rec.first_token(rid, now)
                 self.generated[rid] += 1
                 left = self.output[rid] - self.generated[rid]
@@ -317,8 +320,9 @@ class ServingEngine:
         """Preempt by recompute: newest prefill first, else the newest decoding request (vLLM's order)."""
         now = self.env.now
         if self.prefilling:
-            rid, _, _, held = self.prefilling.pop()
-            self.free_blocks += held
+            entry = self.prefilling.pop()
+            rid = entry.rid
+            self.free_blocks += entry.blocks
         else:
             rid = self.rid.pop()
             self.ctx.pop()
@@ -377,126 +381,3 @@ class ServingEngine:
             self.rec.finish(rid, now)
             self.acceptance.finish(rid)
             self.policy.finish(rid)
-
-    # -- runs of decode steps (stationary policies) ----------------------------------------------
-    def _decode_run(self):
-        """Up to ``run_steps`` decode steps of the unchanged batch in one event (see the module docstring)."""
-        # A policy that can never speculate (spec.speculative False) need not be asked: nobody proposes.
-        proposed = self._propose() if self.spec.speculative else None
-        now, bs = self.env.now, self.spec.block_size
-        # Bound the run before drawing: every step emits >= 1 token per request, and steps only grow longer
-        # (contexts grow), so no run outlasts the first finish or the step the next arrival falls into.
-        left_min = min(self.left)
-        n = min(self.spec.run_steps, left_min)
-        arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
-                   else np.inf)
-        if proposed is None or not any(proposed.tolist()):
-            yield from self._quiet_run(n, left_min, arrival)
-            return
-        rid, ctx0, left, blocks = (np.array(x, dtype=np.int64) for x in (self.rid, self.ctx, self.left, self.blocks))
-        ks = proposed.tolist()
-        n = self._bound_by_arrival(n, arrival, self._run_seconds([sum(self.ctx)], ks, ctx0[None, :])[0])
-        accepted = self.acceptance.draw_steps(rid, proposed, n)
-        emitted = np.cumsum(accepted + 1, axis=0)  # tokens after steps 0..j, before the per-request cap
-        ctx = ctx0 + (emitted - accepted - 1)  # (steps, batch): context before each step
-        need = (ctx + proposed + bs) // bs  # blocks during each step: ceil((ctx + k + 1) / bs)
-        grow = np.maximum(need - blocks, 0).sum(axis=1)  # non-decreasing in the step
-        n = min(n, int(np.searchsorted(grow, self.free_blocks, side="right")))  # steps whose blocks fit
-        finishing = (emitted[:n] >= left).any(axis=1)
-        if finishing.any():
-            n = int(np.argmax(finishing)) + 1
-        if n == 0:
-            yield from self._decode_step(proposed)  # this step must preempt
-            return
-        seconds = self._run_seconds(ctx[:n].sum(axis=1).tolist(), ks, ctx[:n])
-        clock, n = self._clock(seconds, arrival)
-        yield self.env.timeout(clock[n] - now)
-        batch = rid.size
-        used_before = self.spec.num_gpu_blocks - self.free_blocks
-        self.free_blocks -= int(grow[n - 1])
-        self.blocks = np.maximum(blocks, need[n - 1]).tolist()
-        self._advance(np.minimum(emitted[n - 1], left).tolist())
-        self.rec.decode(rid, proposed * n, accepted[:n].sum(axis=0), steps=n)
-        if self.rec.steps is not None:
-            per_step = np.diff(np.minimum(emitted[:n], left), axis=0, prepend=0)
-            for j in range(n):
-                self.rec.step(clock[j], seconds[j], "decode", batch, 0, used_before + int(grow[j]),
-                              len(self.waiting), proposed, accepted[j], per_step[j])
-        else:
-            self.rec.num_steps += n
-        self._retire(self.env.now)
-
-    def _quiet_run(self, n: int, left_min: int, arrival: float):
-        """A run of at most ``n`` <= ``left_min`` steps in which nobody proposes (``left_min``: the fewest tokens
-        any running request has left to emit): each request emits one token a step, so the steps are known
-        before they run. Plain Python over the batch: at serving batch sizes (tens) it beats small numpy calls
-        several times over. The same steps, times and blocks as :meth:`_decode_run`."""
-        now, batch, bs = self.env.now, len(self.rid), self.spec.block_size
-        ctx, blocks = self.ctx, self.blocks
-
-        def held(j: int) -> list[int]:
-            """Blocks each request holds during step j (context ctx + j plus the token it verifies)."""
-            return [max(b, (c + j + bs) // bs) for c, b in zip(ctx, blocks)]
-
-        def grow(j: int) -> int:
-            """Blocks the batch adds to hold step j."""
-            return sum(held(j)) - sum(blocks)
-
-        context, ks = sum(ctx), [0] * batch
-        n = self._bound_by_arrival(n, arrival, self._run_seconds([context], ks)[0])
-        seconds = self._run_seconds(range(context, context + batch * n, batch), ks)
-        clock, n = self._clock(seconds, arrival)
-        after = held(n - 1)
-        added = sum(after) - sum(blocks)
-        if added > self.free_blocks:  # grow(j) is non-decreasing: keep the steps whose blocks fit
-            n = bisect_right(range(n), self.free_blocks, key=grow)
-            if n == 0:
-                yield from self._decode_step(np.zeros(batch, dtype=np.int64))  # this step must preempt
-                return
-            after = held(n - 1)
-            added = sum(after) - sum(blocks)
-        yield self.env.timeout(clock[n] - now)
-        used_before = self.spec.num_gpu_blocks - self.free_blocks
-        self.free_blocks -= added
-        self.blocks = after
-        self.ctx = [c + n for c in ctx]
-        self.left = [t - n for t in self.left]
-        if self.rec.steps is not None:
-            zeros, ones = np.zeros(batch, dtype=np.int64), np.ones(batch, dtype=np.int64)
-            for j in range(n):
-                self.rec.step(clock[j], seconds[j], "decode", batch, 0, used_before + grow(j), len(self.waiting),
-                              zeros, zeros, ones)
-        else:
-            self.rec.num_steps += n
-        if n == left_min:  # someone emitted its last token
-            self._retire(self.env.now)
-
-    def _bound_by_arrival(self, n: int, arrival: float, first: float) -> int:
-        """At most ``n`` steps, and none that start after the step during which the next request arrives
-        (``arrival``; inf: none is due): steps only grow longer, so the first one's ``first`` seconds bound them."""
-        return n if arrival == np.inf else min(n, int((arrival - self.env.now) / first) + 1)
-
-    def _clock(self, seconds: list[float], arrival: float) -> tuple[list[float], int]:
-        """The boundaries of steps of ``seconds`` from now (summed in the same order as step by step), and how
-        many of them run: up to the one during which the next request arrives (admitted at its end)."""
-        clock = list(accumulate(seconds, initial=self.env.now))
-        return clock, min(len(seconds), bisect_right(clock, arrival, 1))
-
-    def _run_seconds(self, contexts: Sequence[int], ks: list[int], ctx: np.ndarray | None = None) -> list[float]:
-        """Seconds of steps of the batch proposing ``ks``, whose context totals before each step are
-        ``contexts``: :func:`policies.step_time.shape_seconds` of each, bit for bit (the same additions in the
-        same order). ``ctx`` (steps, batch), each request's context, is needed only when the ks differ."""
-        batch, k_max = len(ks), max(ks)
-        overhead = self.cost.overhead_time(batch)
-        seconds = [t + overhead for t in self.cost.target_times(batch, sum(ks) + batch, contexts)]
-        if k_max and self.spec.draft_proposer:
-            if min(ks) == k_max:  # everyone drafts in every pass: pass p reads sum_i (c_i + p)
-                passes = [(batch, [c + batch * p for c in contexts]) for p in range(k_max)]
-            else:
-                proposed = np.array(ks, dtype=np.int64)
-                reach = proposed[:, None] >= np.arange(1, k_max + 1)  # (batch, pass): request i drafts in pass p
-                seqs = reach.sum(axis=0)
-                passes = zip(seqs.tolist(), (ctx @ reach + seqs * np.arange(k_max)).T.tolist())
-            for sequences, pass_contexts in passes:
-                seconds = [t + d for t, d in zip(seconds, self.cost.draft_times(sequences, pass_contexts))]
-        return seconds

@@ -20,7 +20,7 @@ from policies.registry import load_policy_file, make_policy
 from simulator.inputs.acceptance import make_acceptance
 from simulator.config import SimConfig, config_hash
 from simulator.costs.cost_model import load_cost_model
-from simulator.core.engine import EngineSpec, ServingEngine
+from simulator.core.engine import EngineSpec, SimulatedEngine
 from policies.errors import UserError
 from simulator.core.memory import num_gpu_blocks
 from simulator.metrics import Recorder, summarize
@@ -86,7 +86,7 @@ def run_simulation(config: SimConfig, workload: Workload | None = None) -> SimRe
     )
     recorder = Recorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens, config.save_steps)
     env = simpy.Environment()
-    engine = ServingEngine(env, spec, workload, cost, policy, policy_cost, make_acceptance(config, acceptance_rng),
+    engine = SimulatedEngine(env, spec, workload, cost, policy, policy_cost, make_acceptance(config, acceptance_rng),
                            ngram_rng, recorder)
     engine.start()
     env.run()

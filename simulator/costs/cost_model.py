@@ -87,6 +87,11 @@ Grid = dict[str, tuple[tuple[float, ...], ...]]
 class CostModel:
     """The interface the engine, the policies and the profiler use. Units: seconds and tokens.
 
+    A model of one's own implements the scalar methods (:meth:`target_time`, :meth:`draft_time`,
+    :meth:`prefill_time`, :meth:`overhead_time`, :meth:`has`); the batch methods the engine's runs of steps
+    use (:meth:`target_times`, :meth:`draft_times`) default to the scalar calls. It satisfies
+    :class:`policies.step_time.StepCosts`, what policies price steps with.
+
     ``method`` (``measured``, ``analytical`` or ``hand-written``) is shown in summaries and figure
     titles; ``source`` says where the numbers came from (a profile CSV, or a JSON's own note);
     ``path`` is the file the model was loaded from (named in messages); ``memory`` holds the device and
@@ -111,12 +116,14 @@ class CostModel:
 
     def target_times(self, batch_size: int, query_tokens: int, context_tokens: Sequence[int]) -> list[float]:
         """:meth:`target_time` for each of ``context_tokens`` (one per step of a run of the same batch). Each
-        entry equals the scalar call exactly (the engine's runs rely on it); faster than calls one by one."""
-        raise NotImplementedError
+        entry must equal the scalar call exactly (the engine's runs rely on it). This default makes the scalar
+        calls, so a model needs only the scalar methods; a subclass may override it with a faster equal one."""
+        return [self.target_time(batch_size, query_tokens, c) for c in context_tokens]
 
     def draft_times(self, batch_size: int, context_tokens: Sequence[int]) -> list[float]:
-        """:meth:`draft_time` for each of ``context_tokens``, exactly as the scalar call."""
-        raise NotImplementedError
+        """:meth:`draft_time` for each of ``context_tokens``, exactly as the scalar call (default: the scalar
+        calls)."""
+        return [self.draft_time(batch_size, c) for c in context_tokens]
 
     def prefill_time(self, batch_size: int, prompt_tokens: int, role: str = "target") -> float:
         """Seconds of one prefill pass over ``batch_size`` prompts totalling ``prompt_tokens`` tokens

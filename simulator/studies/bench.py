@@ -5,7 +5,8 @@ process (so start-up is counted and peak memory is that run's own), with request
 the Azure LLM 2023 conversation trace (Splitwise, ISCA 2024; CC-BY 4.0) when ``../shared/traces`` is
 present, else a lognormal of similar medians; Poisson arrivals at 4 req/s; the shipped analytical
 Llama-2-7B (A100-80GB) cost model, the setting Vidur's reference numbers come from. It prints a table;
-the figures are noisy on shared machines, so compare ratios, not seconds.
+the figures are noisy on shared machines, so compare ratios, not seconds. Then (``--calls N``, 0 to skip) the
+microseconds per call of the cost-model methods the engine calls millions of times a run.
 """
 from __future__ import annotations
 
@@ -45,10 +46,37 @@ def _child(config_json: str) -> None:
                       "peak_mb": peak_mb, "mean_latency": result.summary["mean_latency"]}))
 
 
+def cost_call_speeds(calls: int) -> list[str]:
+    """Microseconds per call of each cost model's per-step methods (the shipped example JSON, and the example
+    grid fitted linear and interp), ``calls`` calls each: one line per (model, method)."""
+    import warnings
+
+    from simulator.costs.cost_model import load_cost_model
+
+    data = Path(__file__).resolve().parents[2] / "profiles" / "data"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        models = {"json": load_cost_model(data / "example.json"),
+                  "linear": load_cost_model(data / "example_grid.csv", "linear"),
+                  "interp": load_cost_model(data / "example_grid.csv", "interp")}
+    lines = []
+    for name, model in models.items():
+        for call, args in (("target_time", (32, 96, 32 * 700)), ("draft_time", (32, 32 * 700)),
+                           ("overhead_time", (32,))):
+            method = getattr(model, call)
+            start = time.perf_counter()
+            for _ in range(calls):
+                method(*args)
+            lines.append(f"{name:6s} {call:13s} {(time.perf_counter() - start) / calls * 1e6:6.2f} us/call")
+    return lines
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="run_sim.py bench", description=__doc__)
     parser.add_argument("--sizes", default="10000,100000", help="request counts, comma-separated")
     parser.add_argument("--policies", default="no-spec,fixed-k", help="policies, comma-separated")
+    parser.add_argument("--calls", type=int, default=20_000,
+                        help="calls per cost-model method in the per-call table (0: no table)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -58,7 +86,7 @@ def main(argv: list[str]) -> int:
     print(f"Poisson 4 req/s, {lengths}, {BENCH_PROFILE.name}, k=4 for fixed-k")
     print(f"{'requests':>9} {'policy':>8} {'steps':>9} {'process s':>10} {'req/s':>9} {'sim-only req/s':>15} "
           f"{'peak MB':>8}")
-    for size in [int(s) for s in args.sizes.split(",")]:
+    for size in [int(s) for s in args.sizes.split(",") if s.strip()]:
         for policy in args.policies.split(","):
             start = time.perf_counter()
             out = subprocess.run([sys.executable, "-m", "simulator.studies.bench", "--child",
@@ -68,6 +96,9 @@ def main(argv: list[str]) -> int:
             fig = json.loads(out.strip().splitlines()[-1])
             print(f"{size:>9} {policy:>8} {fig['steps']:>9} {wall:>10.2f} {size / wall:>9.0f} "
                   f"{size / fig['sim_wall']:>15.0f} {fig['peak_mb']:>8.0f}")
+    if args.calls > 0:
+        print(f"cost-model calls ({args.calls} each):")
+        print("\n".join(cost_call_speeds(args.calls)))
     return 0
 
 
