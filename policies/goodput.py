@@ -42,7 +42,6 @@ import numpy as np
 
 from policies.base import BatchView, Policy, StepOutcome
 from policies.params import ParamReader
-from policies.registry import register
 from policies.step_time import shape_seconds, step_shape, uniform_step_seconds
 
 MODES = ("batch", "request")
@@ -61,7 +60,6 @@ def expected_tokens(accept: np.ndarray) -> np.ndarray:
     return 1.0 + np.concatenate([np.zeros(accept.shape[:-1] + (1,)), reach], axis=-1)
 
 
-@register
 class Goodput(Policy):
     """Choose k each step to maximise expected tokens per predicted second (SmartSpec)."""
 

@@ -60,8 +60,19 @@ def load_policy_file(path: str) -> list[str]:
     return added
 
 
+_builtins_loaded = False
+
+
 def _load_builtins() -> None:
-    # Importing the modules runs their @register decorators.
-    import policies.goodput  # noqa: F401
-    import policies.static  # noqa: F401
-    import policies.threshold  # noqa: F401
+    """Register the built-in policies, once (imported on first use: they are the registry's clients' business,
+    and they import nothing from here, so the registry and its policies form no circle)."""
+    global _builtins_loaded
+    if _builtins_loaded:
+        return
+    from policies.goodput import Goodput
+    from policies.static import FixedK, NoSpec
+    from policies.threshold import Threshold
+
+    for cls in (Goodput, NoSpec, FixedK, Threshold):
+        register(cls)
+    _builtins_loaded = True

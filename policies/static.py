@@ -4,10 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from policies.base import BatchView, Policy
-from policies.registry import register
 
 
-@register
 class NoSpec(Policy):
     """Never speculate: every step verifies (decodes) one token per request."""
 
@@ -18,7 +16,6 @@ class NoSpec(Policy):
         return np.zeros(view.batch_size, dtype=np.int64)
 
 
-@register
 class FixedK(Policy):
     """Propose ``k`` tokens for every running request (vLLM's ``num_speculative_tokens``)."""
 

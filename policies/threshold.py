@@ -19,13 +19,11 @@ import numpy as np
 
 from policies.base import BatchView, Policy
 from policies.params import ParamReader
-from policies.registry import register
 from policies.errors import UserError
 
 COUNTS = ("running", "total")
 
 
-@register
 class Threshold(Policy):
     """``k`` (or the table's k) while the batch is small enough, 0 beyond."""
 
