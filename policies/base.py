@@ -78,7 +78,7 @@ class Policy:
     stationary: bool = False
     """True when :meth:`propose` depends only on which requests are running (not on their contexts,
     the clock, the queue or past outcomes), and :meth:`observe` learns nothing. The simulator may then
-    ask once and simulate several steps of an unchanged batch in one event (see ``simulator.core.engine``)."""
+    ask once and simulate several steps of an unchanged batch in one event (see ``simulator.core.runs``)."""
 
     def __init__(self, k: int, **params: Any) -> None:
         if params:

@@ -1,4 +1,4 @@
-"""User-facing errors.
+"""User-facing errors: the one error type of every layer, here in the bottom layer (policies) so that all may import it.
 
 A :class:`UserError` is a problem with something the user gave us (a file, a flag, a config value).
 The command line prints its message as one line and exits with status 2; it never shows a traceback.
