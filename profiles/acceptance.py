@@ -1,10 +1,10 @@
 """Measured acceptance of a real draft/target pair: the simulator's replay trace, and quick greedy figures.
 
 ``python run_sim.py profile --acceptance --out profiles/data/acceptance__smollm2.csv`` serves every shipped
-prompt (:func:`profiles.models.pairs.read_prompts`) with the real engine (:mod:`profiles.engine`), all
+prompt (:func:`profiles.models.pairs.read_prompts`) with the real engine (:mod:`profiles.serving.engine`), all
 arriving at once, under ``fixed-k`` speculation with the draft, and writes each request's verification steps
-as ``request_id,proposed,accepted`` rows in step order: the format :class:`simulator.acceptance.ReplayAcceptance`
-replays. It then prints :func:`simulator.acceptance.fit_acceptance`'s figures (pooled rate, Beta, per
+as ``request_id,proposed,accepted`` rows in step order: the format :class:`simulator.inputs.acceptance.ReplayAcceptance`
+replays. It then prints :func:`simulator.inputs.acceptance.fit_acceptance`'s figures (pooled rate, Beta, per
 position). With ``k`` as large as the simulation will ask for, the replayed streams hold every token's
 accept/reject bit (the replay reads a stream recorded with k = 5 at any k <= 5).
 
@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from policies.registry import make_policy
-from profiles.serving.engine import EngineConfig, EngineResult, ServingEngine
+from profiles.serving.engine import EngineConfig, EngineResult, RealEngine
 from profiles.models.pairs import ModelPair, encode_prompts, read_prompts
 from simulator.inputs.acceptance import fit_acceptance, read_acceptance_trace
 from policies.errors import UserError
@@ -69,7 +69,7 @@ def measure_acceptance(pair: ModelPair, k: int, output_len: int, max_num_seqs: i
     if k < 1:
         raise UserError(f"--k: must be >= 1 to measure acceptance (got {k})")
     workload, prompts = shipped_workload(pair.tokenizer, output_len)
-    engine = ServingEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=max_num_seqs, max_k=k,
+    engine = RealEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=max_num_seqs, max_k=k,
                                                                   temperature=temperature),
                            make_policy("fixed-k", k), None, np.random.default_rng(seed))
     return engine.run(workload, prompts)
@@ -82,7 +82,7 @@ def write_trace(result: EngineResult, path: str) -> None:
 
 
 def fit_report(path: str) -> str:
-    """:func:`simulator.acceptance.fit_acceptance` of the trace at ``path``, as a few lines."""
+    """:func:`simulator.inputs.acceptance.fit_acceptance` of the trace at ``path``, as a few lines."""
     trace = read_acceptance_trace(path)
     fit = fit_acceptance(trace)
     beta = fit["beta"]

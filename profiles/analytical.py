@@ -38,15 +38,14 @@ import argparse
 import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
+from profiles.grid import GPU_GRID, Grid
 from profiles.models.config import read_model_config
 from policies.errors import UserError
 
-if TYPE_CHECKING:  # profiles.profiler imports this module
-    from profiles.profiler import Grid
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 GIB = 1024 ** 3
@@ -314,7 +313,6 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
 def write_all(out_dir: str | Path, grid: Grid | None = None) -> list[Path]:
     """Write every :data:`DEPLOYMENTS` profile (CSV + ``.meta.json``) over ``grid`` (default: the GPU runs'
     grid) into ``out_dir``; the written CSVs."""
-    from profiles.profiler import GPU_GRID
     from simulator.costs.profile_table import write_profile
 
     paths = []

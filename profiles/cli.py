@@ -28,7 +28,8 @@ import typing
 
 import pandas as pd
 
-from profiles.profiler import GPU_GRID, Grid, ProfileSettings, TimingPolicy, run_profile
+from profiles.grid import GPU_GRID, Grid
+from profiles.profiler import ProfileSettings, TimingPolicy, run_profile
 from policies.errors import UserError
 
 FITTERS = ("linear", "interp")
@@ -36,8 +37,8 @@ EXIT_USER_ERROR = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse reporting a bad flag as a UserError. (Not simulator.cli's twin: the GPU machines that run
-    the profiler lack SimPy, and this module must not depend on what simulator.cli imports.)"""
+    """argparse reporting a bad flag as a UserError. (Not simulator.studies.cli's twin: the GPU machines that run
+    the profiler lack SimPy, and this module must not depend on what simulator.studies.cli imports.)"""
 
     def error(self, message: str) -> typing.NoReturn:
         raise UserError(f"{self.prog}: {message}")

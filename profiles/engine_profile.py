@@ -2,7 +2,7 @@
 
     python run_sim.py profile --engine --pair smollm2 --out profiles/data/cpu__smollm2-135m__smollm2-draft.csv
 
-The rows (:mod:`simulator.profile_table` format) time the methods of :class:`profiles.engine.StepRunner`,
+The rows (:mod:`simulator.costs.profile_table` format) time the methods of :class:`profiles.serving.engine.StepRunner`,
 the code the engine's steps run, on :class:`profiles.serving.kv.PaddedBatch` caches (the engine's eager cache class,
 masking and padding):
 
@@ -43,10 +43,11 @@ import transformers
 from policies.registry import make_policy
 from profiles.models import forward
 from profiles.analytical import GIB
-from profiles.serving.engine import EngineConfig, ServingEngine, StepRunner
+from profiles.serving.engine import EngineConfig, RealEngine, StepRunner
 from profiles.serving.kv import PaddedBatch
 from profiles.models.pairs import ModelPair
-from profiles.profiler import COLUMNS, Grid, TimingPolicy, measure
+from profiles.grid import Grid
+from profiles.profiler import COLUMNS, TimingPolicy, measure
 from policies.errors import UserError
 from simulator.costs.profile_table import write_profile
 from simulator.inputs.workload import Workload
@@ -224,7 +225,7 @@ def measure_overhead(pair: ModelPair, settings: EngineProfileSettings,
         n = 2 * b
         workload = Workload(np.zeros(n), np.full(n, prompt_len), np.full(n, OVERHEAD_OUTPUT_LEN), "overhead run")
         prompts = rng.integers(0, vocab, (n, prompt_len)).tolist()
-        engine = ServingEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=b, max_k=OVERHEAD_K,
+        engine = RealEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=b, max_k=OVERHEAD_K,
                                                                       temperature=settings.temperature),
                                make_policy("fixed-k", OVERHEAD_K), None, rng)
         steps = engine.run(workload, prompts).steps
@@ -265,7 +266,7 @@ def _meta(pair: ModelPair, settings: EngineProfileSettings, started: datetime.da
         "wall_seconds": round(seconds, 1),
         "engine": {"pair": pair.name, "temperature": settings.temperature, "cache": "profiles.serving.kv.PaddedBatch",
                    "decode_length_spread": settings.spread,
-                   "passes": "profiles.engine.StepRunner (verify, draft_pass, prefill, first_tokens)",
+                   "passes": "profiles.serving.engine.StepRunner (verify, draft_pass, prefill, first_tokens)",
                    "overhead_runs": overhead, "overhead_k": OVERHEAD_K, "overhead_output_len": OVERHEAD_OUTPUT_LEN},
         "grid": {**settings.grid.as_dict(), "prefill_batch_sizes": list(settings.prefill_batch_sizes)},
         "timing": asdict(settings.timing),

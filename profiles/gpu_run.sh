@@ -17,10 +17,12 @@
 #             1..256, k + 1 in 1..9, context 128..4096, prefill 128..4096 (batch x prompt <= 16384):
 #               Llama-2-7B + llama-68m          -> h200-optimized__llama-2-7b__llama-68m.csv (+ .meta.json)
 #               Llama-3.1-8B + Llama-3.2-1B     -> h200-optimized__llama-3.1-8b__llama-3.2-1b.csv (+ .meta.json)
-#             The grid runs coarse to fine, so a part cut by its slice still spans the grid.
-#   validate  the timing twin at 7B (python -m profiles.validation.validate --twin ...): the real engine on the
+#             The grid runs coarse to fine, so a part cut by its slice still spans the grid. ONLY_TARGET=NAME
+#             profiles that target's pair alone.
+#   validate  the timing twin at 7B (run_sim.py validate --twin $TWIN): the real engine (optimized forward) on the
 #             random-weight Llama-2-7B + 68M pair, accept/reject drawn from a constant acceptance model, against
-#             the simulator on the profile measured in the profile stage          -> validate_7b.csv
+#             the simulator on the profile measured in the profile stage (or the shipped one)
+#                                                                                  -> validate_7b.tgz
 #   single    the single-request study on the GPU (python -m profiles.validation.single_request) with the timing
 #             twin on the 7B pair (the SmolLM2 GGUF, 98 MB, does not fit a 64 MiB transfer: left out)
 #                                                                                  -> single_request_7b.csv
@@ -49,7 +51,8 @@ if [ "${TINY:-0}" = 1 ]; then
   PAIRS=("tiny-target|tiny-draft|150" "tiny-target|tiny-draft|160")
   COMMON=(--device cpu --dtype fp32 --threads 1 --batch-sizes 1,2,4,8 --query-lens 1,2,3,4,5
           --context-lens 16,32,64,128 --prefill-lens 16,32,64 --max-prefill-tokens 256)
-  VALIDATE=(--pair tiny --rates 2,8 --num-requests 12 --prompt-len 16 --output-len 12)
+  PAIR=tiny; VALIDATE=(--rates 4,32 --num-requests 12 --policies no-spec,fixed-k:3 --max-num-seqs 8)
+  LENGTHS=(--prompt-len 16 --output-len 12)
 else
   TOTAL_SECONDS=${TOTAL_SECONDS:-480}
   STARTUP=15
@@ -58,9 +61,12 @@ else
   COMMON=(--device cuda --dtype bf16 --batch-sizes 1,2,4,8,16,32,64,128,256 --query-lens 1,2,3,4,5,6,7,8,9
           --context-lens 128,256,512,1024,2048,4096 --prefill-lens 128,256,512,1024,2048,4096
           --max-prefill-tokens 16384)
-  VALIDATE=(--pair llama-2-7b --rates 2,8,32 --num-requests 64 --prompt-len 256 --output-len 64)
+  PAIR=llama-2-7b+llama-68m; VALIDATE=(--rates 8,32,128 --num-requests 32 --policies no-spec,fixed-k:3,goodput
+                                        --max-num-seqs 16 --max-num-batched-tokens 4096)
+  LENGTHS=(--prompt-len 256 --output-len 64)
 fi
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+TWIN=${TWIN:-0.7}  # the timing twin's constant per-token acceptance rate
 TIMING=(--warmup 1 --min-repeats 4 --max-repeats 10 --rel-tol 0.02 --point-seconds 1.0 --quiet)
 GRAPHS=()
 
@@ -77,7 +83,10 @@ run() {  # run LIMIT CMD...: a stage's command under a hard timeout, its output 
 }
 
 log "gpu_run: TINY=${TINY:-0}, stages ${STAGES//,/ }, budget ${TOTAL_SECONDS} s, output $OUT"
-WEIGHTS=$(( $(has check && echo 40 || echo 0) + $(has profile && echo 310 || echo 0)
+selected() { [ -z "${ONLY_TARGET:-}" ] || [ "${1%%|*}" = "$ONLY_TARGET" ]; }
+PROFILE_WEIGHT=0
+for pair in "${PAIRS[@]}"; do selected "$pair" && PROFILE_WEIGHT=$((PROFILE_WEIGHT + ${pair##*|})); done
+WEIGHTS=$(( $(has check && echo 40 || echo 0) + $(has profile && echo $PROFILE_WEIGHT || echo 0)
             + $(has validate && echo 100 || echo 0) + $(has single && echo 40 || echo 0) ))
 
 if has check; then
@@ -92,6 +101,7 @@ fi
 if has profile; then
   for i in "${!PAIRS[@]}"; do
     IFS='|' read -r TARGET DRAFT WEIGHT <<< "${PAIRS[$i]}"
+    if ! selected "${PAIRS[$i]}"; then log "$TARGET: skipped (ONLY_TARGET=$ONLY_TARGET)"; continue; fi
     S=$(slice "$WEIGHT" "$WEIGHTS"); WEIGHTS=$((WEIGHTS - WEIGHT))
     NAME="${HW}-optimized__${TARGET}__${DRAFT}"
     [ "${TINY:-0}" = 1 ] && NAME="${HW}${i}-optimized__${TARGET}__${DRAFT}"
@@ -109,17 +119,19 @@ PROFILE_7B="$OUT/${HW}-optimized__${PAIRS[0]%%|*}__$(cut -d'|' -f2 <<< "${PAIRS[
 if has validate; then
   S=$(slice 100 "$WEIGHTS"); WEIGHTS=$((WEIGHTS - 100))
   log "validate: ${S} s slice, profile $PROFILE_7B"
-  run $((S + STARTUP + 30)) "$PY" -m profiles.validation.validate --twin --device "$DEVICE" --dtype "$DTYPE" \
-    --forward optimized "${GRAPHS[@]}" --profile "$PROFILE_7B" "${VALIDATE[@]}" --max-seconds "$S" \
-    --out "$OUT/validate_7b.csv"
+  DIR=$(mktemp -d)
+  run $((S + STARTUP + 30)) "$PY" run_sim.py validate --pair "$PAIR" --twin "$TWIN" --device "$DEVICE" \
+    --dtype "$DTYPE" --forward optimized "${GRAPHS[@]}" --profile "$PROFILE_7B" "${VALIDATE[@]}" "${LENGTHS[@]}" \
+    --max-seconds "$S" --out "$DIR"
+  tar czf "$OUT/validate_7b.tgz" -C "$DIR" . && log "validate: $(ls "$DIR" | wc -l) files in validate_7b.tgz"
 fi
 
 if has single; then
   S=$(slice 40 "$WEIGHTS")
   log "single: ${S} s slice"
-  run $((S + STARTUP + 30)) "$PY" -m profiles.validation.single_request --twin --device "$DEVICE" --dtype "$DTYPE" \
-    --forward optimized "${GRAPHS[@]}" --profile "$PROFILE_7B" "${VALIDATE[@]:0:2}" --max-seconds "$S" \
-    --out "$OUT/single_request_7b.csv"
+  run $((S + STARTUP + 30)) "$PY" -m profiles.validation.single_request --pair "$PAIR" --twin "$TWIN" \
+    --device "$DEVICE" --dtype "$DTYPE" --forward optimized "${GRAPHS[@]}" --profile "$PROFILE_7B" "${LENGTHS[@]}" \
+    --max-seconds "$S" --out "$OUT/single_request_7b.csv"
 fi
 
 log "all stages done in $(($(date +%s) - START)) s; summary:"

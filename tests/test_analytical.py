@@ -8,7 +8,7 @@ import pytest
 
 from profiles.analytical import (DATA_DIR, DEPLOYMENTS, GPUS, Architecture, analytical_profile, kv_fits,
                                  pass_cost, read_model_config, write_all)
-from profiles.profiler import GPU_GRID
+from profiles.grid import GPU_GRID
 from simulator.costs.cost_model import load_cost_model
 from policies.errors import UserError
 from simulator.costs.profile_table import read_profile

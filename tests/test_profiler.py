@@ -9,8 +9,8 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from profiles.profiler import (GPU_GRID, Grid, ProfileSettings, TimingPolicy, coarse_levels,
-                               extrapolate_layers, measure, run_profile)
+from profiles.grid import GPU_GRID, Grid, coarse_levels
+from profiles.profiler import ProfileSettings, TimingPolicy, extrapolate_layers, measure, run_profile
 from policies.errors import UserError
 
 KEY = ["role", "phase", "batch_size", "query_len", "context_len"]

@@ -11,10 +11,11 @@ pytest.importorskip("transformers")
 
 from policies.registry import make_policy  # noqa: E402
 from profiles.acceptance import write_trace  # noqa: E402
-from profiles.serving.engine import EngineConfig, ServingEngine  # noqa: E402
+from profiles.serving.engine import EngineConfig, RealEngine  # noqa: E402
 from profiles.engine_profile import EngineProfileSettings, profile_engine  # noqa: E402
 from profiles.models.pairs import load_pair  # noqa: E402
-from profiles.profiler import Grid, TimingPolicy  # noqa: E402
+from profiles.grid import Grid  # noqa: E402
+from profiles.profiler import TimingPolicy  # noqa: E402
 from profiles.validation.validate import ValidateSettings, run_validation, step_parts  # noqa: E402
 from run_sim import main as cli_main  # noqa: E402
 from simulator.costs.cost_model import model_from_dict  # noqa: E402
@@ -37,7 +38,7 @@ def tiny(tmp_path_factory):
                                                timing=TIMING, rounds=7), log=lambda msg: None)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 1000, 16).tolist() for _ in range(4)]
-    engine = ServingEngine(pair.target, pair.draft, EngineConfig(max_k=2), make_policy("fixed-k", 2), None, rng)
+    engine = RealEngine(pair.target, pair.draft, EngineConfig(max_k=2), make_policy("fixed-k", 2), None, rng)
     trace = folder / "acceptance.csv"
     write_trace(engine.run(Workload(np.zeros(4), [16] * 4, [12] * 4, "t"), prompts), str(trace))
     return pair, str(profile), str(trace)

@@ -22,11 +22,17 @@ computed without repeating the cache: the ``G = heads / kv_heads`` query heads o
 tokens at columns ``0 .. n_i - 1``; pad columns write past the row's length and are never read, since a row's
 length advances by ``n_i`` only), ``W`` cache positions read, ``K`` logit columns kept per row.
 
-**CUDA graphs** (:class:`GraphedForward`): on a CUDA device each decode shape ``(slot range, q, W, K)`` is
-captured once (``torch.cuda.CUDAGraph``, all graphs in one memory pool) and replayed with its static inputs
-refreshed in place; prefill runs eagerly (as vLLM's does: it is compute-bound, its launch overhead small).
-Capture seconds are counted apart (:attr:`GraphedForward.capture_seconds`), since a deployed engine captures
-at start-up. On a CPU the same function runs eagerly: the tests cover the numerics there.
+**CUDA graphs** (:class:`GraphedForward`): on a CUDA device each shape is captured once
+(``torch.cuda.CUDAGraph``, all graphs in one memory pool) and replayed with its static inputs refreshed in
+place: a decode shape ``(slot range, q, W, K)``, a prefill shape ``(B, P, K)`` (the engine pads a prompt to a
+multiple of :data:`WIDTH_ALIGN`; without a graph, a short prefill of a 7B model costs ~6x its work in kernel
+launches, as the first H200 profile showed). Capture seconds are counted apart
+(:attr:`GraphedForward.capture_seconds`), since a deployed engine captures at start-up. On a CPU the same
+function runs eagerly: the tests cover the numerics there.
+
+**Fused work** (:func:`fuse_projections`): q, k and v are one matrix product, gate and up another, rotary runs
+on q and k at once, RMSNorm is ``torch.nn.functional.rms_norm``: fewer, larger kernels, as in deployed
+engines (a decode pass of a 7B model at batch 1 is otherwise dominated by ~1,400 small kernels).
 
 Supported architectures: those of :data:`profiles.models.config.SUPPORTED_MODEL_TYPES` (Llama, Qwen2: RMSNorm,
 rotary attention with grouped KV heads, SwiGLU MLP), run through the Hugging Face modules' own weights.
@@ -96,55 +102,111 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+@dataclass(frozen=True)
+class _Fused:
+    """One layer's projections as two matrices: ``qkv`` (rows: q, k, v heads) and ``gate_up`` (rows: gate, up)."""
+
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    gate_up: torch.Tensor
+
+
 @torch.inference_mode()
-def slot_pass(model: PreTrainedModel, cache: SlotCache, lo: int, ids: torch.Tensor, keep: torch.Tensor,
-              width: int, fresh: bool = False) -> torch.Tensor:
+def fuse_projections(model: PreTrainedModel) -> list[_Fused]:
+    """Each layer's q, k, v projections as one matrix and gate, up as another (speed: 4 matrix products a
+    layer instead of 7, as deployed engines do). The modules' own weights become views into the fused ones, so
+    nothing is held twice and the eager path keeps working. Done once per model."""
+    fused = getattr(model, "_specsim_fused", None)
+    if fused is not None:
+        return fused
+    if getattr(model.config, "hidden_act", "silu") != "silu":
+        raise ValueError(f"optimized forward: SwiGLU with silu only (config says {model.config.hidden_act!r})")
+    fused = []
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        qkv = torch.cat([m.weight for m in projections])
+        bias = torch.cat([m.bias for m in projections]) if attn.q_proj.bias is not None else None
+        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        at = 0
+        for m in projections:
+            n = m.weight.shape[0]
+            m.weight = torch.nn.Parameter(qkv[at:at + n], requires_grad=False)
+            if bias is not None:
+                m.bias = torch.nn.Parameter(bias[at:at + n], requires_grad=False)
+            at += n
+        n = mlp.gate_proj.weight.shape[0]
+        mlp.gate_proj.weight = torch.nn.Parameter(gate_up[:n], requires_grad=False)
+        mlp.up_proj.weight = torch.nn.Parameter(gate_up[n:], requires_grad=False)
+        fused.append(_Fused(qkv, bias, gate_up))
+    model._specsim_fused = fused
+    return fused
+
+
+@torch.inference_mode()
+def slot_pass(model: PreTrainedModel, cache: SlotCache, lo: int | torch.Tensor, ids: torch.Tensor,
+              keep: torch.Tensor, width: int, fresh: bool = False) -> torch.Tensor:
     """One forward pass of ``ids`` (``(B, q)``, right-padded) after the cached tokens of slots
     ``lo .. lo + B - 1``, writing their keys and values in place; the logits of columns ``keep`` (``(B, K)``
     column indices per row) as ``(B, K, vocab)``. Lengths are not advanced: the caller does (by each row's real
     token count). Allocates only activations: on CUDA it is what :class:`GraphedForward` captures.
 
-    ``fresh``: the slots hold no tokens yet and every row's ``q`` tokens are real (a prefill): attention then
-    runs over the new keys alone with a causal flag instead of a mask (the fused kernels' fast case)."""
+    ``fresh``: a prefill: the slots hold no tokens yet (positions start at 0) and attention runs over the new
+    keys alone with a causal flag instead of a mask (the fused kernels' fast case); right-padding is harmless
+    there (a causal token never sees a later pad). ``lo`` may then be a device tensor of the ``B`` slot indices,
+    so that one captured graph serves every slot.
+    """
     inner = model.model
     batch, q = ids.shape
-    hi = lo + batch
     heads, kv_heads, head_dim = model.config.num_attention_heads, cache.kv_heads, cache.head_dim
     group = heads // kv_heads
-    start = cache.lengths[lo:hi]                                              # (B,)
-    positions = start[:, None] + torch.arange(q, device=ids.device)          # (B, q)
+    eps = inner.norm.variance_epsilon
+    hidden_size = model.config.hidden_size
+    fused = fuse_projections(model)
+    steps = torch.arange(q, device=ids.device)
+    positions = steps.expand(batch, q) if fresh else cache.lengths[lo:lo + batch, None] + steps  # (B, q)
     hidden = inner.embed_tokens(ids)                                          # (B, q, hidden)
     cos, sin = inner.rotary_emb(hidden, positions)                            # (B, q, head_dim) each
-    cos, sin = cos[:, None], sin[:, None]                                     # (B, 1, q, head_dim)
-    # mask[b, 0, g * q + i, w]: query i of row b sees cache position w (its own past and itself), for each
-    # of the G query heads stacked on a KV head.
+    cos, sin = cos[:, :, None], sin[:, :, None]                               # (B, q, 1, head_dim)
     mask = None
     if not fresh:
+        # mask[b, 0, g * q + i, w]: query i of row b sees cache position w (its own past and itself), for each
+        # of the G query heads stacked on a KV head.
         mask = torch.arange(width, device=ids.device) <= positions[..., None]  # (B, q, W)
         mask = mask[:, None].repeat(1, 1, group, 1)                            # (B, 1, G*q, W)
-    write_at = positions[:, None, :, None].expand(batch, kv_heads, q, head_dim)
-    for layer_index, layer in enumerate(inner.layers):
+        write_at = positions[:, None, :, None].expand(batch, kv_heads, q, head_dim)
+    for layer_index, (layer, weights) in enumerate(zip(inner.layers, fused)):
         attn = layer.self_attn
-        x = layer.input_layernorm(hidden)
-        qs = attn.q_proj(x).view(batch, q, heads, head_dim).transpose(1, 2)   # (B, H, q, D)
-        ks = attn.k_proj(x).view(batch, q, kv_heads, head_dim).transpose(1, 2)  # (B, KVH, q, D)
-        vs = attn.v_proj(x).view(batch, q, kv_heads, head_dim).transpose(1, 2)
-        qs = qs * cos + _rotate_half(qs) * sin
-        ks = ks * cos + _rotate_half(ks) * sin
-        keys, values = cache.keys[layer_index][lo:hi], cache.values[layer_index][lo:hi]
-        keys.scatter_(2, write_at, ks)
-        values.scatter_(2, write_at, vs)
+        x = F.rms_norm(hidden, (hidden_size,), layer.input_layernorm.weight, eps)
+        qkv = F.linear(x, weights.qkv, weights.qkv_bias).view(batch, q, heads + 2 * kv_heads, head_dim)
+        qk = qkv[:, :, :heads + kv_heads]                                     # (B, q, H + KVH, D)
+        qk = qk * cos + _rotate_half(qk) * sin                                # rotary on q and k at once
+        qs = qk[:, :, :heads].transpose(1, 2)                                 # (B, H, q, D)
+        ks = qk[:, :, heads:].transpose(1, 2)                                 # (B, KVH, q, D)
+        vs = qkv[:, :, heads + kv_heads:].transpose(1, 2)                     # (B, KVH, q, D)
+        keys, values = cache.keys[layer_index], cache.values[layer_index]
         if fresh:
+            if isinstance(lo, torch.Tensor):
+                keys[:, :, :q].index_copy_(0, lo, ks)
+                values[:, :, :q].index_copy_(0, lo, vs)
+            else:
+                keys[lo:lo + batch, :, :q] = ks
+                values[lo:lo + batch, :, :q] = vs
             ks, vs = (t.repeat_interleave(group, dim=1) for t in (ks, vs))    # (B, H, q, D)
             out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=attn.scaling)  # (B, H, q, D)
         else:
+            keys, values = keys[lo:lo + batch], values[lo:lo + batch]
+            keys.scatter_(2, write_at, ks)
+            values.scatter_(2, write_at, vs)
             stacked = qs.reshape(batch, kv_heads, group * q, head_dim)        # (B, KVH, G*q, D)
             out = F.scaled_dot_product_attention(stacked, keys[:, :, :width], values[:, :, :width],
                                                  attn_mask=mask, scale=attn.scaling)  # (B, KVH, G*q, D)
         out = out.reshape(batch, heads, q, head_dim).transpose(1, 2).reshape(batch, q, heads * head_dim)
         hidden = hidden + attn.o_proj(out)
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-    hidden = inner.norm(hidden)
+        x = F.rms_norm(hidden, (hidden_size,), layer.post_attention_layernorm.weight, eps)
+        gate, up = F.linear(x, weights.gate_up).chunk(2, dim=-1)
+        hidden = hidden + layer.mlp.down_proj(F.silu(gate) * up)
+    hidden = F.rms_norm(hidden, (hidden_size,), inner.norm.weight, eps)
     kept = hidden.gather(1, keep[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, K, hidden)
     return model.lm_head(kept)                                                # (B, K, vocab)
 
@@ -154,57 +216,66 @@ class _Graph:
     graph: "torch.cuda.CUDAGraph"
     ids: torch.Tensor
     keep: torch.Tensor
+    slots: torch.Tensor | None
     logits: torch.Tensor
 
 
 class GraphedForward:
-    """:func:`slot_pass` over one model and cache, replaying a CUDA graph per decode shape on CUDA (see the
-    module docstring); eager on a CPU, or with ``use_graphs=False``. Passes with ``q > max_graph_query``
-    (prefills) always run eagerly."""
+    """:func:`slot_pass` over one model and cache, replaying a CUDA graph per shape on CUDA (see the module
+    docstring); eager on a CPU, or with ``use_graphs=False``.
 
-    def __init__(self, model: PreTrainedModel, cache: SlotCache, use_graphs: bool | None = None,
-                 max_graph_query: int = 16) -> None:
+    Decode shapes are keyed by ``(lo, B, q, W, K)``; a prefill (``fresh``) by ``(B, q, K)`` with its slots a
+    graph input, so one graph serves every slot. All graphs share one memory pool: a graph's output may lie in
+    memory another graph uses as scratch, so read a pass's logits before running the next pass (of any shape).
+    """
+
+    def __init__(self, model: PreTrainedModel, cache: SlotCache, use_graphs: bool | None = None) -> None:
         self.model, self.cache = model, cache
+        fuse_projections(model)
         self.use_graphs = model.device.type == "cuda" if use_graphs is None else use_graphs
-        self.max_graph_query = max_graph_query
-        self.graphs: dict[tuple[int, int, int, int, int], _Graph] = {}
+        self.graphs: dict[tuple, _Graph] = {}
         self.capture_seconds = 0.0
         """Wall seconds spent capturing graphs (start-up work in a deployed engine)."""
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
     def __call__(self, lo: int, ids: torch.Tensor, keep: torch.Tensor, width: int, fresh: bool = False) -> torch.Tensor:
-        """As :func:`slot_pass`. The returned logits of a replayed graph are its static output: read them
-        before the next pass of the same shape."""
-        batch, q = ids.shape
-        if fresh or not self.use_graphs or q > self.max_graph_query:
+        """As :func:`slot_pass` over slots ``lo .. lo + B - 1``."""
+        if not self.use_graphs:
             return slot_pass(self.model, self.cache, lo, ids, keep, width, fresh)
-        key = (lo, batch, q, width, keep.shape[1])
+        batch, q = ids.shape
+        slots = torch.arange(lo, lo + batch, device=ids.device) if fresh else None
+        key = ("prefill", batch, q, keep.shape[1]) if fresh else ("decode", lo, batch, q, width, keep.shape[1])
         entry = self.graphs.get(key)
         if entry is None:
-            entry = self.graphs[key] = self._capture(lo, ids, keep, width)
+            entry = self.graphs[key] = self._capture(lo, ids, keep, width, slots)
         entry.ids.copy_(ids)
         entry.keep.copy_(keep)
+        if slots is not None:
+            entry.slots.copy_(slots)
         entry.graph.replay()
         return entry.logits
 
-    def _capture(self, lo: int, ids: torch.Tensor, keep: torch.Tensor, width: int) -> _Graph:
-        """Capture one shape: warm-up passes on a side stream, then the capture; the cache's lengths are
-        restored and the rows' cache contents left as they were read (the passes write only at positions at
-        or past each row's length, which later passes overwrite)."""
+    def _capture(self, lo: int, ids: torch.Tensor, keep: torch.Tensor, width: int,
+                 slots: torch.Tensor | None) -> _Graph:
+        """Capture one shape: warm-up passes on a side stream, then the capture. The passes write keys and
+        values only at or past each row's length (or into the prefill's own slots), which later passes
+        overwrite, and leave the lengths alone."""
         t0 = time.perf_counter()
-        static_ids, static_keep = ids.clone(), keep.clone()
+        static = _Graph(None, ids.clone(), keep.clone(), None if slots is None else slots.clone(), None)
+        rows = lo if static.slots is None else static.slots
+        fresh = static.slots is not None
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                slot_pass(self.model, self.cache, lo, static_ids, static_keep, width)
+                slot_pass(self.model, self.cache, rows, static.ids, static.keep, width, fresh)
         torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            logits = slot_pass(self.model, self.cache, lo, static_ids, static_keep, width)
+        static.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(static.graph, pool=self._pool):
+            static.logits = slot_pass(self.model, self.cache, rows, static.ids, static.keep, width, fresh)
         torch.cuda.synchronize()
         self.capture_seconds += time.perf_counter() - t0
-        return _Graph(graph, static_ids, static_keep, logits)
+        return static
 
     def clear(self) -> None:
         """Drop every captured graph (their memory returns to the pool)."""

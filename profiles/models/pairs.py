@@ -174,15 +174,22 @@ def load_draft(target: PreTrainedModel, tokenizer: Any, path: str | os.PathLike 
 
 
 # -- pairs and prompts ----------------------------------------------------------------------------
-def load_pair(name: str, draft_path: str | os.PathLike | None = None, with_draft: bool = True) -> ModelPair:
-    """``smollm2`` (SmolLM2-135M-Instruct + the trained draft) or ``tiny`` (random tiny models, seeds 0/1)."""
+def load_pair(name: str, draft_path: str | os.PathLike | None = None, with_draft: bool = True,
+              device: torch.device | None = None, dtype: str = "fp32") -> ModelPair:
+    """``smollm2`` (SmolLM2-135M-Instruct + the trained draft), ``tiny`` (random tiny models, seeds 0/1), or
+    ``TARGET+DRAFT``: two architecture configs (shipped names or paths) with random weights (seeds 0/1) in
+    ``dtype`` on ``device`` (default the CPU), for the timing twin: tokens are meaningless, costs are real."""
     if name == "tiny":
-        cpu = torch.device("cpu")
-        target = forward.build_model(forward.load_config("tiny-target", "--pair tiny"), "fp32", cpu, seed=0)
-        draft = forward.build_model(forward.load_config("tiny-draft", "--pair tiny"), "fp32", cpu, seed=1)
-        return ModelPair(name, target, draft if with_draft else None, None)
+        name = "tiny-target+tiny-draft"
+    if "+" in name:
+        target_spec, draft_spec = name.split("+", 1)
+        where = torch.device("cpu") if device is None else device
+        target = forward.build_model(forward.load_config(target_spec, "--pair"), dtype, where, seed=0)
+        draft = forward.build_model(forward.load_config(draft_spec, "--pair"), dtype, where, seed=1) \
+            if with_draft else None
+        return ModelPair("tiny" if name == "tiny-target+tiny-draft" else name, target, draft, None)
     if name != "smollm2":
-        raise UserError(f"--pair: must be one of {', '.join(PAIRS)} (got {name!r})")
+        raise UserError(f"--pair: must be one of {', '.join(PAIRS)} or TARGET+DRAFT of model configs (got {name!r})")
     if draft_path is not None and not Path(draft_path).is_dir():
         raise UserError(f"--draft-path {draft_path}: no such folder")
     target, tokenizer = load_target()

@@ -91,8 +91,15 @@ class SlotBatch:
 
     def __init__(self, model: PreTrainedModel, num_slots: int, max_len: int, use_graphs: bool | None = None) -> None:
         self.model = model
-        self.cache = SlotCache(model, num_slots, max_len)
-        self.run = GraphedForward(model, self.cache, use_graphs)
+        # One cache and its captured graphs per model and size, reused by later runs (validate serves many):
+        # a deployed engine captures once at start-up. Speed shortcut: a new batch only resets the lengths.
+        runners = model.__dict__.setdefault("_specsim_slot_runners", {})
+        key = (num_slots, max_len, use_graphs)
+        if key not in runners:
+            runners[key] = GraphedForward(model, SlotCache(model, num_slots, max_len), use_graphs)
+        self.run = runners[key]
+        self.cache = self.run.cache
+        self.cache.lengths.zero_()
         self.rows = 0
         self._lengths: list[int] = []  # host copy of cache.lengths[:rows]
 
@@ -101,11 +108,11 @@ class SlotBatch:
         logits = []
         for prompt in prompts:
             slot = self.rows
-            ids = torch.as_tensor([prompt], dtype=torch.long, device=device)        # (1, P)
+            padded = attention_width(0, len(prompt), self.cache.max_len)  # one captured graph per band of lengths
+            ids = torch.zeros(1, padded, dtype=torch.long, device=device)            # (1, P padded)
+            ids[0, :len(prompt)] = torch.as_tensor(prompt, dtype=torch.long)
             keep = torch.tensor([[len(prompt) - 1]], device=device)                 # (1, 1)
-            self.cache.lengths[slot] = 0
-            logits.append(self.run(slot, ids, keep, attention_width(0, len(prompt), self.cache.max_len),
-                                   fresh=True)[:, -1])
+            logits.append(self.run(slot, ids, keep, padded, fresh=True)[:, -1].clone())
             self.cache.lengths[slot] = len(prompt)
             self._lengths.append(len(prompt))
             self.rows += 1

@@ -1,6 +1,6 @@
 """One request at a time on the real engine: target-only versus speculative decoding, the classic comparison.
 
-:func:`serve_one` serves a single prompt alone (:class:`profiles.engine.ServingEngine`, arriving at time 0,
+:func:`serve_one` serves a single prompt alone (:class:`profiles.serving.engine.RealEngine`, arriving at time 0,
 exactly ``output_len`` new tokens, greedy) under one policy and returns its latency, acceptance, step times
 and the memory the run held; :func:`predict` asks the simulator for the same run.
 
@@ -18,7 +18,7 @@ report on a GPU, less the transient activations of a pass. The process's residen
 run: after a warm-up the allocator serves a run from memory the process already holds (its peak grew by
 well under 1 MiB over a 100-token SmolLM2 run).
 
-The prediction is :func:`simulator.runner.run_simulation` on the same one-request workload, set up as
+The prediction is :func:`simulator.core.runner.run_simulation` on the same one-request workload, set up as
 :mod:`profiles.validation.validate` sets up its simulations: the engine's cost profile (``run_sim.py profile
 --engine``), the measured acceptance replayed (``run_sim.py profile --acceptance``), no KV-block limit, the
 policy pricing its choices with ``policy_profile`` (default: the profile itself); averaged over seeds of the
@@ -33,17 +33,19 @@ from types import TracebackType
 from typing import Any, Sequence
 
 import numpy as np
+import pandas as pd
 import torch
 from transformers import Cache, PreTrainedModel
 
 from policies.registry import make_policy
-from profiles.serving.engine import EngineConfig, EngineResult, ServingEngine
+from profiles.serving.engine import EngineConfig, EngineResult, RealEngine
 from profiles.models.pairs import ModelPair
-from profiles.validation.validate import DEFAULT_PROFILE, DEFAULT_TRACE, simulation_config
+from profiles.validation.validate import VALIDATION_PROFILE, VALIDATION_TRACE, simulation_config
 from simulator.costs.cost_model import CostModel
 from policies.errors import UserError
 from simulator.core.runner import run_simulation
 from simulator.studies.specs import parse_policy_spec
+from simulator.inputs.acceptance import ConstantAcceptance
 from simulator.inputs.workload import Workload
 
 MIB = 2**20
@@ -119,31 +121,39 @@ def policy_k(spec: str) -> tuple[str, int, dict[str, Any]]:
 
 
 def serve_one(pair: ModelPair, prompt: Sequence[int], output_len: int, spec: str,
-              cost_model: CostModel | None = None, seed: int = 0) -> SingleRun:
+              cost_model: CostModel | None = None, seed: int = 0, forward: str = "eager", cuda_graphs: bool = True,
+              twin: float | None = None) -> SingleRun:
     """Serve ``prompt`` (token ids) alone for ``output_len`` tokens under policy ``spec``, greedy.
 
-    ``cost_model``: what a policy that prices its choices (``goodput``) sees; ``seed``: the engine's rng.
+    ``cost_model``: what a policy that prices its choices (``goodput``) sees; ``seed``: the engine's rng;
+    ``forward``: the engine's forward path; ``twin``: a timing twin's constant acceptance rate (tokens then
+    meaningless). On the optimized path the KV cache is preallocated: its peak is its size.
     """
     name, k, params = policy_k(spec)
-    engine = ServingEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=1, max_k=k),
-                           make_policy(name, k, params), cost_model, np.random.default_rng(seed))
+    acceptance = None if twin is None else ConstantAcceptance(twin, np.random.default_rng(seed + 1))
+    engine = RealEngine(pair.target, pair.draft,
+                           EngineConfig(max_num_seqs=1, max_k=k, forward=forward, cuda_graphs=cuda_graphs),
+                           make_policy(name, k, params), cost_model, np.random.default_rng(seed), acceptance)
     models = [pair.target] + ([pair.draft] if engine.use_draft else [])
     with KVMeter(models) as kv:
         result = engine.run(one_request(len(prompt), output_len), [list(prompt)])
-    return SingleRun(spec, result, weight_bytes(models), kv.peak)
+    peak = kv.peak
+    if forward == "optimized":
+        peak = sum(b.cache.nbytes() for b in (engine.target_kv, engine.draft_kv) if b is not None)
+    return SingleRun(spec, result, weight_bytes(models), peak)
 
 
-def predict(prompt_tokens: int, output_len: int, spec: str, profile: str | Path = DEFAULT_PROFILE,
-            acceptance_trace: str | Path = DEFAULT_TRACE, policy_profile: str | Path | None = None,
-            fitter: str = "interp", seeds: int = 10) -> dict[str, float]:
+def predict(prompt_tokens: int, output_len: int, spec: str, profile: str | Path = VALIDATION_PROFILE,
+            acceptance_trace: str | Path = VALIDATION_TRACE, policy_profile: str | Path | None = None,
+            fitter: str = "interp", seeds: int = 10, twin: float | None = None) -> dict[str, float]:
     """The simulator's :data:`PREDICTED` figures for one request served alone (module docstring), the mean
-    over ``seeds`` replays of ``acceptance_trace``."""
+    over ``seeds`` replays of ``acceptance_trace`` (or draws of a timing twin's constant rate ``twin``)."""
     if seeds < 1:
         raise UserError(f"predict: seeds must be >= 1 (got {seeds})")
     name, k, params = policy_k(spec)
     workload = one_request(prompt_tokens, output_len)
     config = simulation_config(workload, name, k, tuple(params.items()), profile, acceptance_trace, fitter,
-                               max_num_seqs=1, policy_profile=policy_profile)
+                               max_num_seqs=1, policy_profile=policy_profile, twin=twin)
     summaries = [run_simulation(config.replace(seed=s), workload=workload).summary for s in range(seeds)]
     return {figure: float(np.mean([s[figure] for s in summaries])) for figure in PREDICTED}
 
@@ -190,3 +200,78 @@ class KVMeter:
             self._held[id(model)] = cache_bytes(cache)
             self.peak = max(self.peak, sum(self._held.values()))
 
+
+
+# -- command line: the study at any scale (the prepared GPU run's ``single`` stage) --------------------
+def study(pair: ModelPair, prompts: list[list[int]], output_len: int, policies: Sequence[str], profile: str,
+          forward: str = "eager", cuda_graphs: bool = True, twin: float | None = None,
+          acceptance_trace: str | Path = VALIDATION_TRACE, max_seconds: float | None = None) -> pd.DataFrame:
+    """Each prompt served alone under each policy (prompt-major, so drift spreads over the policies), with the
+    simulator's prediction beside each run: one row per run (:meth:`SingleRun.row` + ``predicted_*``)."""
+    import time
+
+    from simulator.costs.cost_model import load_cost_model
+
+    cost = load_cost_model(profile, "interp")
+    started, rows = time.monotonic(), []
+    serve_one(pair, prompts[0], min(output_len, 8), "fixed-k:3" if pair.draft is not None else "no-spec", cost,
+              forward=forward, cuda_graphs=cuda_graphs, twin=twin)  # warm-up, not recorded
+    for i, prompt in enumerate(prompts):
+        for spec in policies:
+            if max_seconds is not None and time.monotonic() - started > max_seconds:
+                return pd.DataFrame(rows)
+            run = serve_one(pair, prompt, output_len, spec, cost, seed=i, forward=forward, cuda_graphs=cuda_graphs,
+                            twin=twin)
+            predicted = predict(len(prompt), output_len, spec, profile, acceptance_trace, seeds=5, twin=twin)
+            rows.append({"prompt": i, **run.row(), "forward": forward, "twin": twin,
+                         **{f"predicted_{key}": value for key, value in predicted.items()}})
+    return pd.DataFrame(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m profiles.validation.single_request``: the study on any pair, printed and written as CSV."""
+    import argparse
+    import sys
+
+    from profiles.models import forward as passes
+    from profiles.models.pairs import load_pair
+    from profiles.validation.validate import prompt_pool
+    from simulator.results import write_csv
+
+    parser = argparse.ArgumentParser(prog="python -m profiles.validation.single_request",
+                                     description="One request at a time: target alone versus speculative, measured "
+                                                 "and predicted.")
+    parser.add_argument("--pair", default="tiny", help="smollm2, tiny or TARGET+DRAFT model configs (default tiny)")
+    parser.add_argument("--twin", type=float, metavar="RATE", help="timing twin at this constant acceptance rate")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="default cpu")
+    parser.add_argument("--dtype", default="fp32", help="bf16, fp16 or fp32 (TARGET+DRAFT pairs; default fp32)")
+    parser.add_argument("--forward", default="eager", choices=("eager", "optimized"), help="default eager")
+    parser.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="optimized, no graphs")
+    parser.add_argument("--profile", default=str(VALIDATION_PROFILE), help="the cost profile of the prediction")
+    parser.add_argument("--policies", default="no-spec,fixed-k:1,fixed-k:3,fixed-k:5", help="policy specs")
+    parser.add_argument("--prompt-len", type=int, help="random prompts of this many tokens (default: shipped ones)")
+    parser.add_argument("--output-len", type=int, default=64, help="output tokens per request (default 64)")
+    parser.add_argument("--num-prompts", type=int, default=3, help="prompts, each served under every policy")
+    parser.add_argument("--max-seconds", type=float, help="start no new run after this many seconds")
+    parser.add_argument("--out", required=True, help="CSV of the runs")
+    args = parser.parse_args(argv)
+    try:
+        if "+" in args.pair and args.twin is None:
+            raise UserError(f"--pair {args.pair}: random-weight models need --twin RATE")
+        device = passes.setup_device(args.device, 1 if args.device == "cpu" else None)
+        pair = load_pair(args.pair, device=device, dtype=args.dtype)
+        prompts = prompt_pool(pair, 0, args.prompt_len)[:args.num_prompts]
+        frame = study(pair, prompts, args.output_len, [s for s in args.policies.split(",") if s], args.profile,
+                      args.forward, args.cuda_graphs, args.twin, max_seconds=args.max_seconds)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    write_csv(Path(args.out), frame)
+    shown = ["prompt", "policy", "latency", "predicted_mean_latency", "tokens_per_second", "acceptance_rate",
+             "predicted_acceptance_rate", "draft_seconds", "verify_seconds", "model_memory_mib"]
+    print(frame[[c for c in shown if c in frame]].to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -6,8 +6,8 @@ For each rate, one workload: ``--num-requests`` Poisson arrivals (the same draws
 closer together) of shipped prompts (a seeded shuffle, the same at every rate) with ``--output-len``
 tokens each. Each policy serves it twice:
 
-- **real**: the engine (:mod:`profiles.engine`) on the pair's models, greedy, on the wall clock;
-- **simulated**: :func:`simulator.runner.run_simulation` with ``workload=`` that same workload, the engine's
+- **real**: the engine (:mod:`profiles.serving.engine`) on the pair's models, greedy, on the wall clock;
+- **simulated**: :func:`simulator.core.runner.run_simulation` with ``workload=`` that same workload, the engine's
   cost profile (``--profile``, measured by ``run_sim.py profile --engine``; the ``--fitter`` fit) and the
   measured acceptance replayed (``--acceptance-trace``), no KV-block limit (as the engine), averaged over
   ``--sim-seeds`` seeds of the acceptance replay;
@@ -26,6 +26,15 @@ latency and TTFT against the rate, one colour per policy).
 
 ``--pair tiny`` runs random tiny models on random prompts (for tests); it needs ``--profile`` and
 ``--acceptance-trace`` made for that pair.
+
+**Timing twin** (``--twin RATE``): both engines take their accept/reject decisions from the constant
+acceptance model of per-token rate RATE (:class:`simulator.inputs.acceptance.ConstantAcceptance`) instead of the
+tokens (the real engine's outputs are then meaningless, and say so), so that the timing can be validated on
+random-weight pairs of any size: ``--pair TARGET+DRAFT`` (model configs, e.g. ``llama-2-7b+llama-68m``) in
+``--dtype`` on ``--device``, ``--prompt-len`` random tokens per prompt, on either ``--forward`` path, against any
+profile of that pair (an operator profile of ``run_sim.py profile`` has no per-step overhead rows: the
+simulator then charges none). ``--max-seconds`` starts no new run past that budget (the table says which
+ran). Machine speed is re-measured only against an engine profile (``profile --engine``); otherwise 1.
 """
 from __future__ import annotations
 
@@ -43,8 +52,8 @@ from policies.errors import UserError
 from simulator.costs.profile_table import meta_path, read_json
 
 HERE = Path(__file__).resolve().parents[1]  # profiles/
-DEFAULT_PROFILE = HERE / "data" / "cpu__smollm2-135m__smollm2-draft.csv"
-DEFAULT_TRACE = HERE / "data" / "acceptance__smollm2.csv"
+VALIDATION_PROFILE = HERE / "data" / "cpu__smollm2-135m__smollm2-draft.csv"
+VALIDATION_TRACE = HERE / "data" / "acceptance__smollm2.csv"
 METRICS = ["mean_latency", "p50_latency", "p90_latency", "mean_ttft", "p50_ttft", "p90_ttft",
            "mean_tpot", "p50_tpot", "p90_tpot", "throughput"]
 #: More KV blocks than any validation run uses: the engine has no block limit.
@@ -63,23 +72,39 @@ class ValidateSettings:
     max_num_seqs: int = 8
     max_num_batched_tokens: int = 2048
     k: int = 4
-    profile: str = str(DEFAULT_PROFILE)
+    profile: str = str(VALIDATION_PROFILE)
     fitter: str = "interp"
-    acceptance_trace: str = str(DEFAULT_TRACE)
+    acceptance_trace: str = str(VALIDATION_TRACE)
     sim_seeds: int = 5
     threads: int = 1
     seed: int = 0
     draft_path: str | None = None
+    twin: float | None = None
+    prompt_len: int | None = None
+    device: str = "cpu"
+    dtype: str = "fp32"
+    forward: str = "eager"
+    cuda_graphs: bool = True
+    max_seconds: float | None = None
 
     def __post_init__(self) -> None:
-        if self.pair not in PAIRS:
-            raise UserError(f"--pair: must be one of {', '.join(PAIRS)} (got {self.pair!r})")
+        if self.pair not in PAIRS and "+" not in self.pair:
+            raise UserError(f"--pair: must be one of {', '.join(PAIRS)} or TARGET+DRAFT (got {self.pair!r})")
+        if "+" in self.pair and self.twin is None:
+            raise UserError(f"--pair {self.pair}: random-weight models need --twin RATE (their tokens mean nothing)")
+        if self.twin is not None and not 0 <= self.twin <= 1:
+            raise UserError(f"--twin: the acceptance rate must be in [0, 1] (got {self.twin})")
+        if self.prompt_len is not None and self.prompt_len < 1:
+            raise UserError(f"--prompt-len: must be >= 1 (got {self.prompt_len})")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise UserError(f"--max-seconds: must be > 0 (got {self.max_seconds})")
         if not self.rates or any(not r > 0 for r in self.rates):
             raise UserError(f"--rates: need rates > 0 (got {','.join(map(str, self.rates))})")
         for name in ("num_requests", "output_len", "max_num_seqs", "max_num_batched_tokens", "sim_seeds", "threads"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')}: must be >= 1 (got {getattr(self, name)})")
-        for flag, path in (("--profile", self.profile), ("--acceptance-trace", self.acceptance_trace)):
+        files = [("--profile", self.profile)] + ([("--acceptance-trace", self.acceptance_trace)] if self.twin is None else [])
+        for flag, path in files:
             if not Path(path).is_file():
                 raise UserError(f"{flag} {path}: no such file")
         meta = meta_path(self.profile)
@@ -121,11 +146,13 @@ def workloads(settings: ValidateSettings,
     return out
 
 
-def prompt_pool(pair: ModelPair, seed: int) -> list[list[int]]:
-    """The shipped prompts' token ids (chat template), or random prompts of 8..40 tokens for the tiny pair."""
-    if pair.tokenizer is None:
+def prompt_pool(pair: ModelPair, seed: int, prompt_len: int | None = None) -> list[list[int]]:
+    """The shipped prompts' token ids (chat template), or random prompts for random-weight pairs: of
+    ``prompt_len`` tokens each, else of 8..40 tokens."""
+    if pair.tokenizer is None or prompt_len is not None:
         rng = np.random.default_rng(seed + 1)
-        return [rng.integers(0, pair.target.config.vocab_size, int(n)).tolist() for n in rng.integers(8, 41, 16)]
+        lengths = [prompt_len] * 16 if prompt_len is not None else rng.integers(8, 41, 16)
+        return [rng.integers(0, pair.target.config.vocab_size, int(n)).tolist() for n in lengths]
     from profiles.models.pairs import encode_prompts, read_prompts
 
     return encode_prompts(pair.tokenizer, read_prompts())
@@ -134,10 +161,13 @@ def prompt_pool(pair: ModelPair, seed: int) -> list[list[int]]:
 def run_validation(pair: ModelPair, settings: ValidateSettings,
                    log: typing.Callable[[str], None] = print) -> Validation:
     """Serve every (rate, policy) for real and simulated; compare (module docstring)."""
+    import time
+
     import torch
 
     from policies.registry import make_policy
-    from profiles.serving.engine import EngineConfig, ServingEngine
+    from profiles.serving.engine import EngineConfig, RealEngine
+    from simulator.inputs.acceptance import ConstantAcceptance
     from simulator.costs.cost_model import load_cost_model
     from profiles.engine_profile import machine_speed
     from simulator.costs.profile_table import read_profile
@@ -145,33 +175,45 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     from simulator.studies.specs import parse_policy_spec
     from simulator.inputs.workload import Workload
 
-    torch.set_num_threads(settings.threads)
-    torch.set_flush_denormal(True)
+    started = time.monotonic()
+    if settings.device == "cpu":
+        torch.set_num_threads(settings.threads)
+        torch.set_flush_denormal(True)
     cost = load_cost_model(settings.profile, settings.fitter)
     table = read_profile(settings.profile)
+    engine_profile = table.meta.get("engine") is not None
     spread = (table.meta.get("engine") or {}).get("decode_length_spread", 0.0)
+
+    def engine_config(k: int) -> EngineConfig:
+        return EngineConfig(max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens,
+                            max_k=k, forward=settings.forward, cuda_graphs=settings.cuda_graphs)
+
+    def twin(seed: int) -> ConstantAcceptance | None:
+        return None if settings.twin is None else ConstantAcceptance(settings.twin, np.random.default_rng(seed))
     scratch = tempfile.TemporaryDirectory(prefix="specsim-validate-")
     specs = [parse_policy_spec(s) for s in settings.policies]
     rows, parts, real = [], [], {}
-    runs = workloads(settings, prompt_pool(pair, settings.seed))
+    runs = workloads(settings, prompt_pool(pair, settings.seed, settings.prompt_len))
     # Warm up (first passes pay for lazy initialisation): two requests, speculating, not recorded.
     warm_prompts = next(iter(runs.values()))[1][:2]
-    ServingEngine(pair.target, pair.draft, EngineConfig(max_k=settings.k), make_policy("fixed-k", settings.k), cost,
-                  np.random.default_rng(settings.seed)).run(
+    RealEngine(pair.target, pair.draft, engine_config(settings.k), make_policy("fixed-k", settings.k), cost,
+                  np.random.default_rng(settings.seed), twin(settings.seed)).run(
         Workload(np.zeros(len(warm_prompts)), [len(p) for p in warm_prompts], np.full(len(warm_prompts), 8), "warm-up"),
         warm_prompts)
     for rate, (workload, prompts) in runs.items():
         for spec, (name, k, params) in zip(settings.policies, specs):
+            if settings.max_seconds is not None and time.monotonic() - started > settings.max_seconds:
+                log(f"rate {rate:g} {spec}: not run, past --max-seconds {settings.max_seconds:g}")
+                continue
             k = settings.k if k is None else k
-            speed = machine_speed(pair, table.frame, spread, 0.0, settings.seed)
-            engine = ServingEngine(pair.target, pair.draft, EngineConfig(
-                max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens, max_k=k),
-                make_policy(name, k, dict(params)), cost, np.random.default_rng(settings.seed))
+            speed = machine_speed(pair, table.frame, spread, 0.0, settings.seed) if engine_profile else 1.0
+            engine = RealEngine(pair.target, pair.draft, engine_config(k), make_policy(name, k, dict(params)), cost,
+                                   np.random.default_rng(settings.seed), twin(settings.seed + 1))
             result = engine.run(workload, prompts)
             real[(rate, spec)] = result
             config = simulation_config(workload, name, k, params, settings.profile, settings.acceptance_trace,
                                        settings.fitter, settings.max_num_seqs, settings.max_num_batched_tokens,
-                                       rate=rate)
+                                       rate=rate, twin=settings.twin)
             calibrated = scaled_profile(table, speed, Path(scratch.name) / f"speed{len(rows)}.csv")
             sims, sims_cal = ([run_simulation(c.replace(seed=s), workload=workload).summary
                                for s in range(settings.sim_seeds)]
@@ -193,19 +235,22 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
 def simulation_config(workload: typing.Any, policy: str, k: int, params: tuple[tuple[str, typing.Any], ...],
                       profile: str | Path, acceptance_trace: str | Path, fitter: str, max_num_seqs: int,
                       max_num_batched_tokens: int = 2048, policy_profile: str | Path | None = None,
-                      rate: float = 1.0) -> typing.Any:
+                      rate: float = 1.0, twin: float | None = None) -> typing.Any:
     """The simulator's config for a run of the real engine on ``workload`` (module docstring): its cost
     ``profile`` (``fitter``), the measured acceptance replayed, no KV-block limit (as the engine), the engine's
     ``max_num_seqs`` and token budget; ``policy_profile``: what the policy prices its choices with (default the
-    profile). Pass ``workload=`` to :func:`simulator.runner.run_simulation` with it: the arrivals are the
-    workload's (``rate`` only names them in the config)."""
+    profile). Pass ``workload=`` to :func:`simulator.core.runner.run_simulation` with it: the arrivals are the
+    workload's (``rate`` only names them in the config). ``twin``: the constant acceptance rate of a timing
+    twin instead of the replayed trace."""
     from simulator.config import SimConfig
 
+    acceptance = {"acceptance": "replay", "acceptance_trace": str(acceptance_trace)} if twin is None else \
+        {"acceptance": "constant", "acceptance_rate": twin}
     return SimConfig(arrival="poisson", rate=rate, num_requests=len(workload), policy=policy, k=k,
                      policy_params=tuple(params), profile=str(profile),
                      policy_profile=None if policy_profile is None else str(policy_profile), fitter=fitter,
-                     acceptance="replay", acceptance_trace=str(acceptance_trace), max_num_seqs=max_num_seqs,
-                     max_num_batched_tokens=max_num_batched_tokens, num_gpu_blocks=UNLIMITED_BLOCKS)
+                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                     num_gpu_blocks=UNLIMITED_BLOCKS, **acceptance)
 
 
 def scaled_profile(table: typing.Any, factor: float, path: Path) -> str:
@@ -327,6 +372,17 @@ def build_parser() -> _Parser:
     p.add_argument("--sim-seeds", type=int, default=d.sim_seeds, help="simulations per run, averaged")
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of arrivals, prompt order and sampling")
+    p.add_argument("--twin", type=float, metavar="RATE",
+                   help="timing twin: accept/reject drawn at this constant per-token rate in both engines, not from "
+                        "the tokens (outputs meaningless); needed for --pair TARGET+DRAFT")
+    p.add_argument("--prompt-len", type=int, help="random prompts of this many tokens (random-weight pairs)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where the real engine runs (default cpu)")
+    p.add_argument("--dtype", default="fp32", help="weights' dtype of a TARGET+DRAFT pair: bf16, fp16, fp32")
+    p.add_argument("--forward", default="eager", choices=("eager", "optimized"),
+                   help="the real engine's forward path (default eager)")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="optimized forward without CUDA graphs")
+    p.add_argument("--max-seconds", type=float, help="start no new run after this many seconds")
     p.add_argument("--out", default="results/validate", help="output folder")
     return p
 
@@ -340,11 +396,15 @@ def main(argv: list[str]) -> int:
                                 output_len=args.output_len, max_num_seqs=args.max_num_seqs,
                                 max_num_batched_tokens=args.max_num_batched_tokens, k=args.k, profile=args.profile,
                                 fitter=args.fitter, acceptance_trace=args.acceptance_trace, sim_seeds=args.sim_seeds,
-                                threads=args.threads, seed=args.seed, draft_path=args.draft_path)
+                                threads=args.threads, seed=args.seed, draft_path=args.draft_path, twin=args.twin,
+                                prompt_len=args.prompt_len, device=args.device, dtype=args.dtype, forward=args.forward,
+                                cuda_graphs=args.cuda_graphs, max_seconds=args.max_seconds)
+    from profiles.models import forward
     from profiles.models.pairs import load_pair
     from simulator.results import write_csv
 
-    pair = load_pair(settings.pair, settings.draft_path)
+    device = forward.setup_device(settings.device, settings.threads if settings.device == "cpu" else None)
+    pair = load_pair(settings.pair, settings.draft_path, device=device, dtype=settings.dtype)
     result = run_validation(pair, settings)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
