@@ -14,8 +14,16 @@ with the operator classes
   bytes = the layer's weights, read once per pass, plus the activations each unfused HF-style kernel
   reads and writes (:meth:`Architecture.activation_elements`).
 - ``attention`` (per layer): FLOPs = 4 x heads x head_dim x query_len x (context_len + (query_len + 1) / 2)
-  per sequence (QK^T and PV, causal over the new tokens); bytes = the K and V of all context and new
-  tokens read once, and the new ones written.
+  per sequence (QK^T and PV, causal over the new tokens); bytes depend on how the engine verifies
+  (:data:`VERIFICATIONS`, recorded as ``verification`` in the metadata):
+
+  * ``multi-query`` (modern engines: vLLM v1, SGLang, TensorRT-LLM; this project's real engine): the
+    query_len new tokens of a sequence are queries of one attention call, so its K and V of all context
+    and new tokens are read once, and the new ones written;
+  * ``batch-expansion`` (vLLM v0's ``BatchExpansionTop1Scorer``, on which SmartSpec's fork was built):
+    the query_len tokens become query_len single-token sequences over contexts context_len + j,
+    j = 0..query_len - 1, each re-reading its cache: bytes = sum_j (context_len + j + 2) per sequence.
+    Same FLOPs; a pass with query_len = 1 (a draft pass, plain decoding) costs the same either way.
 - ``lm_head`` (once): logits for every new token of a decode/verify pass, for the last prompt token
   of a prefill (as vLLM does); the input embedding gather is folded in.
 
@@ -45,6 +53,7 @@ import pandas as pd
 from profiles.grid import GPU_GRID, Grid
 from profiles.models.config import read_model_config
 from policies.errors import UserError
+from simulator.costs.profile_table import VERIFICATIONS
 
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -199,16 +208,23 @@ def _roofline(flops: float, bytes_moved: float, gpu: GPU, eff: Efficiency) -> fl
 
 
 def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_len: int, context_len: int,
-              dtype_bytes: int = 2, tp: int = 1, eff: Efficiency = Efficiency()) -> PassCost:
+              dtype_bytes: int = 2, tp: int = 1, eff: Efficiency = Efficiency(),
+              verification: str = "multi-query") -> PassCost:
     """The roofline seconds of one ``prefill`` or ``decode`` pass (see the module docstring)."""
+    if verification not in VERIFICATIONS:
+        raise UserError(f"verification must be one of {', '.join(VERIFICATIONS)} (got {verification!r})")
     tokens = batch_size * query_len
     kv_width = 2 * arch.kv_heads * arch.head_dim / tp  # K and V elements per token and layer on one device
     linear = _roofline(2 * tokens * arch.layer_linear_params / tp,
                        (arch.layer_linear_params / tp + tokens * arch.activation_elements(tp)) * dtype_bytes,
                        gpu, eff)
     mean_keys = context_len + (query_len + 1) / 2
+    if phase == "decode" and verification == "batch-expansion":  # q sequences over contexts c + j, each read
+        kv_tokens = query_len * context_len + query_len * (query_len - 1) / 2 + 2 * query_len
+    else:
+        kv_tokens = context_len + 2 * query_len
     attention = _roofline(4 * tokens * mean_keys * arch.heads * arch.head_dim / tp,
-                          batch_size * (context_len + 2 * query_len) * kv_width * dtype_bytes, gpu, eff)
+                          batch_size * kv_tokens * kv_width * dtype_bytes, gpu, eff)
     logit_rows = batch_size if phase == "prefill" else tokens
     head_bytes = (arch.vocab * arch.hidden / tp + logit_rows * arch.vocab / tp + 2 * tokens * arch.hidden) * dtype_bytes
     lm_head = _roofline(2 * logit_rows * arch.hidden * arch.vocab / tp, head_bytes, gpu, eff)
@@ -232,20 +248,26 @@ class Deployment:
     target: str
     draft: str
     tp: int
+    verification: str = "multi-query"
 
     @property
     def stem(self) -> str:
-        """File stem: ``<gpu>[x<tp>]-analytical__<target>__<draft>`` (measured profiles have no ``-analytical``)."""
+        """File stem: ``<gpu>[x<tp>]-analytical[-batch-expansion]__<target>__<draft>`` (measured profiles have no
+        ``-analytical``; multi-query verification, the default, has no suffix)."""
         gpus = f"{self.gpu_key}x{self.tp}" if self.tp > 1 else self.gpu_key
-        return f"{gpus}-analytical__{self.target}__{self.draft}"
+        suffix = "" if self.verification == "multi-query" else f"-{self.verification}"
+        return f"{gpus}-analytical{suffix}__{self.target}__{self.draft}"
 
 
 #: The shipped analytical profiles: a 7B pair on one GPU, a 70B pair on the fewest GPUs it fits
-#: (140 GB of bf16 weights: 4 x 80 GB, or 2 x 141 GB).
+#: (140 GB of bf16 weights: 4 x 80 GB, or 2 x 141 GB), verified multi-query; and the 7B pair verified by
+#: batch expansion (SmartSpec's engine).
 DEPLOYMENTS = tuple(
-    Deployment(gpu, target, draft, tp)
+    Deployment(gpu, target, draft, tp, verification)
     for gpu, tp70 in (("a100-80gb", 4), ("h100-80gb", 4), ("h200", 2))
-    for target, draft, tp in (("llama-2-7b", "llama-68m", 1), ("llama-3.1-70b", "llama-3.2-1b", tp70))
+    for target, draft, tp, verification in (("llama-2-7b", "llama-68m", 1, "multi-query"),
+                                            ("llama-2-7b", "llama-68m", 1, "batch-expansion"),
+                                            ("llama-3.1-70b", "llama-3.2-1b", tp70, "multi-query"))
 )
 
 #: Share of device memory usable (vLLM's gpu_memory_utilization default) and the activation reserve
@@ -276,7 +298,7 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
             continue
         arch = archs[point.role]
         cost = pass_cost(arch, gpu, point.phase, point.batch_size, point.query_len, point.context_len,
-                         dtype_bytes, tps[point.role], eff)
+                         dtype_bytes, tps[point.role], eff, dep.verification)
         rows.append({**point.as_dict(), "seconds": cost.seconds, "num_layers": arch.num_layers})
     frame = pd.DataFrame(rows).sort_values(["role", "phase", "batch_size", "query_len", "context_len"])
     memory = {
@@ -288,6 +310,7 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
     }
     meta = {
         "method": "analytical",
+        "verification": dep.verification,
         "device": f"{dep.tp} x {gpu.name}" if dep.tp > 1 else gpu.name,
         "dtype": dtype,
         "target": {"config": dep.target, "num_layers": archs["target"].num_layers, "params": archs["target"].params,

@@ -7,7 +7,10 @@ sum_i (k_i + 1) tokens) + overhead, with prefill from the same model (DESIGN.md)
 - a **profile CSV** (:mod:`simulator.costs.profile_table`) fitted with one of two fitters:
 
   * ``linear``, SmartSpec's form (Liu et al., arXiv 2406.14066, §4), per (role, phase):
-    decode  ``seconds = base + per_seq*b + per_batched_token*(b*q) + per_context_token*(b*c)``,
+    decode  ``seconds = base + per_seq*b + per_batched_token*(b*q) + per_context_token*(b*c)
+    + per_query_context_token*(b*q*c)``, the last term for an engine that verifies by batch expansion
+    (each of the q tokens re-reads the sequence's cache; zero for multi-query verification, where the
+    b*c term holds the cache reads),
     prefill ``seconds = base + per_seq*b + per_prompt_token*(b*P) + per_prompt_token_sq*(b*P^2)``
     (attention's quadratic term), for b sequences of q new tokens over c cached tokens each, or b
     prompts of P tokens. Non-negative least squares on relative error (rows weighted by 1/seconds),
@@ -47,7 +50,8 @@ import numpy as np
 from simulator.costs import profile_table
 from simulator.config import FITTERS
 from policies.errors import UserError
-from simulator.costs.profile_table import Memory, ProfileTable, meta_path, read_json, read_profile, write_atomic
+from simulator.costs.profile_table import (VERIFICATIONS, Memory, ProfileTable, meta_path, read_json, read_profile,
+                                           write_atomic)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
@@ -55,7 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 METHODS = ("measured", "analytical", "hand-written")
 #: Coefficient names per kind of pass, in fitting priority (a feature collinear with earlier ones is dropped).
 COEFFICIENTS = {
-    "decode": ("base", "per_batched_token", "per_context_token", "per_seq"),
+    "decode": ("base", "per_batched_token", "per_context_token", "per_seq", "per_query_context_token"),
     "prefill": ("base", "per_prompt_token", "per_prompt_token_sq", "per_seq"),
     "overhead": ("base", "per_seq"),
 }
@@ -73,7 +77,7 @@ KIND = {"target": "decode", "draft": "decode", "prefill": "prefill", "draft_pref
 #: Profile columns holding each natural axis (a prefill row's prompt length is its query_len).
 PROFILE_COLUMNS = {kind: ("batch_size", "query_len", "context_len")[:len(axes)] for kind, axes in AXES.items()}
 REQUIRED_BLOCKS = ("target", "prefill")
-OTHER_KEYS = ("method", "source", "memory", "fit_error", "grid", "interp")
+OTHER_KEYS = ("method", "source", "memory", "fit_error", "grid", "interp", "verification")
 #: A query beyond this multiple of the grid's largest batch size or per-sequence length warns.
 FAR = 2.0
 REPORT_COLUMNS = ["role", "phase", "n_train", "n_test", "mean_rel_error", "max_rel_error"]
@@ -92,14 +96,17 @@ class CostModel:
     use (:meth:`target_times`, :meth:`draft_times`) default to the scalar calls. It satisfies
     :class:`policies.step_time.StepCosts`, what policies price steps with.
 
-    ``method`` (``measured``, ``analytical`` or ``hand-written``) is shown in summaries and figure
-    titles; ``source`` says where the numbers came from (a profile CSV, or a JSON's own note);
+    ``method`` (``analytical``, ``hand-written``, or for a measured profile ``measured, HF eager`` or
+    ``measured, optimized``: its forward path) is shown in summaries and figure titles; ``verification``
+    (``multi-query`` or ``batch-expansion``) says how the modelled engine verifies, i.e. which pricing the
+    numbers carry (:mod:`simulator.costs.profile_table`); ``source`` says where the numbers came from (a profile CSV, or a JSON's own note);
     ``path`` is the file the model was loaded from (named in messages); ``memory`` holds the device and
     model sizes (or ``None``); ``fit_error`` the held-out error of the fit (:func:`fit_report` records)
     or ``None``.
     """
 
     method: str
+    verification: str = VERIFICATIONS[0]
     source: str
     path: str
     memory: Memory | None
@@ -157,8 +164,8 @@ class LinearCostModel(CostModel):
 
     def __init__(self, coefficients: Coefficients, *, method: str, source: str, path: str,
                  memory: Memory | None = None, grid: Grid | None = None,
-                 fit_error: list[dict] | None = None) -> None:
-        self.method, self.source, self.path = method, source, path
+                 fit_error: list[dict] | None = None, verification: str = VERIFICATIONS[0]) -> None:
+        self.method, self.source, self.path, self.verification = method, source, path, verification
         self.memory, self.fit_error = memory, fit_error
         self._coef = dict(coefficients)
         self._grid = dict(grid or {})
@@ -213,14 +220,15 @@ class LinearCostModel(CostModel):
 
     # -- evaluation, overridden by the interp model ----------------------------------------------
     def _decode(self, block: str, batch_size: int, query_tokens: float, context_tokens: float) -> float:
-        base, per_token, per_context, per_seq = self._coef[block]
-        return base + per_token * query_tokens + per_context * context_tokens + per_seq * batch_size
+        base, per_token, per_context, per_seq, per_qc = self._coef[block]
+        return base + per_token * query_tokens + per_context * context_tokens + per_seq * batch_size \
+            + per_qc * query_tokens * context_tokens / batch_size
 
     def _decodes(self, block: str, batch_size: int, query_tokens: float, contexts: Sequence[int]) -> list[float]:
         """:meth:`_decode` of each context total, the same arithmetic in the same order."""
-        base, per_token, per_context, per_seq = self._coef[block]
-        fixed, per_batch = base + per_token * query_tokens, per_seq * batch_size
-        return [fixed + per_context * c + per_batch for c in contexts]
+        base, per_token, per_context, per_seq, per_qc = self._coef[block]
+        fixed, per_batch, qc = base + per_token * query_tokens, per_seq * batch_size, per_qc * query_tokens
+        return [fixed + per_context * c + per_batch + qc * c / batch_size for c in contexts]
 
     def _prefill(self, block: str, batch_size: int, prompt_tokens: float) -> float:
         base, per_token, per_token_sq, per_seq = self._coef[block]
@@ -242,7 +250,7 @@ class LinearCostModel(CostModel):
 
     # -- serialisation -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"method": self.method, "source": self.source}
+        out: dict[str, Any] = {"method": self.method, "verification": self.verification, "source": self.source}
         for block, values in self._coef.items():
             out[block] = dict(zip(COEFFICIENTS[KIND[block]], values))
         if self.memory is not None:
@@ -350,8 +358,8 @@ def fit_cost_model(table: ProfileTable, fitter: str = "linear",
         if kind != "overhead":
             grid[block] = tuple(tuple(float(v) for v in np.unique(a)) for a in x)
             points[block] = rows
-    common = dict(method=table.method, source=table.path, path=table.path, memory=table.memory, grid=grid,
-                  fit_error=fit_error)
+    common = dict(method=table.method_label, source=table.path, path=table.path, memory=table.memory, grid=grid,
+                  fit_error=fit_error, verification=table.verification)
     if fitter == "linear":
         return LinearCostModel(coefficients, **common)
     tables = {block: _fill_table(KIND[block], rows, grid[block], coefficients[block])
@@ -366,10 +374,10 @@ def _natural(kind: str, rows: pd.DataFrame) -> list[np.ndarray]:
 
 def _features(kind: str, x: Sequence[Any]) -> tuple[Any, ...]:
     """The linear model's features at natural coordinates ``x`` (scalars or arrays), in
-    :data:`COEFFICIENTS` order: decode (1, b*q, b*c, b), prefill (1, b*P, b*P^2, b), overhead (1, b)."""
+    :data:`COEFFICIENTS` order: decode (1, b*q, b*c, b, b*q*c), prefill (1, b*P, b*P^2, b), overhead (1, b)."""
     b = x[0]
     if kind == "decode":
-        return 1.0, b * x[1], b * x[2], b
+        return 1.0, b * x[1], b * x[2], b, b * x[1] * x[2]
     if kind == "prefill":
         return 1.0, b * x[1], b * x[1] * x[1], b
     return 1.0, b
@@ -553,7 +561,8 @@ def model_from_dict(data: Any, path: str) -> CostModel:
 
     Blocks ``target`` and ``prefill`` are required; ``draft``, ``draft_prefill`` and ``overhead`` are
     optional (see :class:`LinearCostModel`); a missing coefficient is 0. Also optional: ``method``
-    (default ``hand-written``), ``source`` (default ``path``), ``memory``, ``fit_error``, and for
+    (default ``hand-written``; a measured one may name its forward path: ``measured, optimized``),
+    ``verification`` (default ``multi-query``), ``source`` (default ``path``), ``memory``, ``fit_error``, and for
     fitted models ``grid`` (measured axis values) and ``interp`` (seconds at every grid node).
     """
     if not isinstance(data, dict):
@@ -566,8 +575,11 @@ def model_from_dict(data: Any, path: str) -> CostModel:
             raise UserError(f"{path}: missing block {block!r}")
     coefficients = {block: _coefficients(data[block], path, block) for block in KIND if block in data}
     method = data.get("method", "hand-written")
-    if method not in METHODS:
+    if not isinstance(method, str) or method.split(",")[0] not in METHODS:
         raise UserError(f"{path}: method must be one of {', '.join(METHODS)} (got {method!r})")
+    verification = data.get("verification", VERIFICATIONS[0])
+    if verification not in VERIFICATIONS:
+        raise UserError(f"{path}: verification must be one of {', '.join(VERIFICATIONS)} (got {verification!r})")
     source = data.get("source", path)
     if not isinstance(source, str):
         raise UserError(f"{path}: source must be a string (got {source!r})")
@@ -576,7 +588,8 @@ def model_from_dict(data: Any, path: str) -> CostModel:
         raise UserError(f"{path}: fit_error must be a list of records (got {type(fit_error).__name__})")
     memory = Memory.from_dict(data["memory"], f"{path}: memory") if "memory" in data else None
     grid = _grid(data.get("grid", {}), coefficients, path)
-    common = dict(method=method, source=source, path=path, memory=memory, grid=grid, fit_error=fit_error)
+    common = dict(method=method, source=source, path=path, memory=memory, grid=grid, fit_error=fit_error,
+                  verification=verification)
     if "interp" not in data:
         return LinearCostModel(coefficients, **common)
     return InterpCostModel(coefficients, tables=_tables(data["interp"], grid, path), **common)

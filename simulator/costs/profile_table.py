@@ -15,7 +15,16 @@ Required columns (units: sequences, tokens, seconds):
 
 Optional numeric columns: ``seconds_p10``, ``seconds_p90``, ``repeats``, ``num_layers``; other columns are
 kept and ignored. The metadata is free-form JSON (device, dtype, versions, date, grid, ...) except
-``method`` (``measured`` or ``analytical``; default ``measured``) and ``memory`` (see :class:`Memory`).
+``method`` (``measured`` or ``analytical``; default ``measured``), ``memory`` (see :class:`Memory`),
+``verification`` (how the profiled engine verifies k + 1 tokens of a sequence, :data:`VERIFICATIONS`) and
+``forward`` (a measured profile's forward path: ``eager``, Hugging Face as is, or ``optimized``).
+
+Verification pricing is a property of the modelled engine (DESIGN.md): ``multi-query`` (the sequence's
+k + 1 tokens are queries of one attention call that reads its KV cache once; vLLM v1, SGLang, TensorRT-LLM,
+and both forward paths of this project's real engine) or ``batch-expansion`` (each token verified as a
+sequence of its own that re-reads the cache; vLLM v0's scorer, on which SmartSpec was built). A profile
+that does not say is ``multi-query`` (every measured profile here is: the profiler verifies q tokens in
+one pass).
 """
 from __future__ import annotations
 
@@ -38,6 +47,20 @@ PHASES = ("prefill", "decode", "overhead")
 REQUIRED_COLUMNS = ("role", "phase", "batch_size", "query_len", "context_len", "seconds")
 OPTIONAL_COLUMNS = ("seconds_p10", "seconds_p90", "repeats", "num_layers")
 TABLE_METHODS = ("measured", "analytical")
+#: How an engine verifies the k + 1 tokens of a sequence (module docstring); the first is the default.
+VERIFICATIONS = ("multi-query", "batch-expansion")
+#: Forward paths of a measured profile (``forward`` in the metadata; absent: ``eager``).
+FORWARDS = {"eager": "HF eager", "optimized": "optimized"}
+
+
+def method_label(meta: dict) -> str:
+    """What a profile's figures and summaries call its method: ``analytical``, ``measured, optimized`` or
+    ``measured, HF eager`` (a measured profile that does not name its forward path timed Hugging Face eager
+    passes: every one made before the optimized path existed)."""
+    method = meta.get("method", "measured")
+    if method != "measured":
+        return method
+    return f"measured, {FORWARDS.get(meta.get('forward', 'eager'), meta.get('forward'))}"
 
 
 @dataclass(frozen=True)
@@ -91,6 +114,16 @@ class ProfileTable:
     def method(self) -> str:
         """``measured`` or ``analytical`` (from the metadata; ``measured`` when it does not say)."""
         return self.meta.get("method", "measured")
+
+    @property
+    def method_label(self) -> str:
+        """:func:`method_label` of the metadata (``measured, HF eager``, ``measured, optimized``, ``analytical``)."""
+        return method_label(self.meta)
+
+    @property
+    def verification(self) -> str:
+        """``multi-query`` or ``batch-expansion`` (from the metadata; ``multi-query`` when it does not say)."""
+        return self.meta.get("verification", VERIFICATIONS[0])
 
     @property
     def memory(self) -> Memory | None:
@@ -189,6 +222,9 @@ def _check_meta(meta: Any, where: str) -> None:
         raise UserError(f"{where}: metadata must be a JSON object (got {type(meta).__name__})")
     if meta.get("method", "measured") not in TABLE_METHODS:
         raise UserError(f"{where}: method must be one of {', '.join(TABLE_METHODS)} (got {meta['method']!r})")
+    if meta.get("verification", VERIFICATIONS[0]) not in VERIFICATIONS:
+        raise UserError(f"{where}: verification must be one of {', '.join(VERIFICATIONS)} "
+                        f"(got {meta['verification']!r})")
     if "memory" in meta:
         Memory.from_dict(meta["memory"], f"{where}: memory")
 
