@@ -54,7 +54,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -62,15 +62,16 @@ import torch
 from transformers import PreTrainedModel
 
 from policies.base import BatchView, Policy, StepOutcome
+from policies.protocol import admit_fcfs, checked_proposal, is_speculative, lookahead
 from profiles.models.optimized import FORWARDS
 from profiles.serving.kv import KVBatch, make_kv_batch
+from simulator.config import SimConfig
 from simulator.costs.cost_model import CostModel
 from simulator.inputs.acceptance import AcceptanceModel
 from policies.errors import UserError
 from simulator.metrics import Recorder, summarize
 from simulator.inputs.workload import Workload
 
-PROPOSERS = ("draft", "ngram")
 #: Extra per-step columns of the engine: tokens in the running requests' contexts before a decode step (the
 #: cost model's ``context_tokens``; 0 for a prefill), the target cache's slots then (batch size x width:
 #: what attention reads, padding and rolled-back slots included), and the step's timed target and draft work
@@ -80,43 +81,57 @@ PART_COLUMNS = ["context_tokens", "cache_slots", "target_seconds", "draft_second
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """The engine's settings (vLLM terms; tokens, sequences)."""
+    """The engine's settings (vLLM terms; tokens, sequences).
+
+    The serving fields are the simulator's (:class:`simulator.config.SimConfig`: ``max_num_seqs``,
+    ``max_num_batched_tokens``, ``k`` as ``max_k``, ``proposer``, ``block_size``) and are checked by it, with its
+    messages, so that a field means the same in both engines; :meth:`from_sim_config` builds one from a
+    simulation's config. The rest are the real engine's own.
+    """
 
     max_num_seqs: int = 8
-    """At most this many running requests."""
+    """At most this many running requests (``SimConfig.max_num_seqs``)."""
     max_num_batched_tokens: int = 2048
-    """Prompt tokens one prefill step may take (a longer prompt is prefilled alone)."""
+    """Prompt tokens one prefill step may take, a longer prompt prefilled alone (``SimConfig.max_num_batched_tokens``)."""
     max_k: int = 4
-    """Bound on any request's proposal length (the policy's k)."""
+    """Bound on any request's proposal length, the policy's k (``SimConfig.k``)."""
     proposer: str = "draft"
-    """``draft`` (a draft model) or ``ngram`` (prompt lookup)."""
+    """``draft`` (a draft model) or ``ngram`` (prompt lookup) (``SimConfig.proposer``)."""
+    block_size: int = 16
+    """Tokens per KV block, only to report ``kv_blocks_used`` as the simulator does (``SimConfig.block_size``)."""
     temperature: float = 0.0
     """0: greedy; > 0: sampling from softmax(logits / temperature) with the rejection rule."""
     ngram_min: int = 1
     """Shortest n-gram the prompt lookup matches."""
     ngram_max: int = 3
     """Longest n-gram the prompt lookup matches (tried first)."""
-    block_size: int = 16
-    """Tokens per KV block, only to report ``kv_blocks_used`` as the simulator does."""
     forward: str = "eager"
     """Forward path: ``eager`` (Hugging Face as is) or ``optimized`` (in-place cache, CUDA graphs on a GPU)."""
     cuda_graphs: bool = True
-    """On the optimized path on a GPU: replay captured CUDA graphs for decode passes."""
+    """On the optimized path on a GPU: replay captured CUDA graphs."""
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "ngram_min", "block_size"):
-            if getattr(self, name) < 1:
-                raise UserError(f"engine: {name} must be >= 1 (got {getattr(self, name)})")
-        if self.max_k < 0:
-            raise UserError(f"engine: max_k must be >= 0 (got {self.max_k})")
+        self.serving_config()  # the shared fields, checked as the simulator checks them
+        if self.ngram_min < 1:
+            raise UserError(f"engine: ngram_min must be >= 1 (got {self.ngram_min})")
         if self.forward not in FORWARDS:
             raise UserError(f"engine: forward must be one of {', '.join(FORWARDS)} (got {self.forward!r})")
-        if self.proposer not in PROPOSERS:
-            raise UserError(f"engine: proposer must be one of {', '.join(PROPOSERS)} (got {self.proposer!r})")
         if not self.temperature >= 0:
             raise UserError(f"engine: temperature must be >= 0 (got {self.temperature})")
         if self.ngram_max < self.ngram_min:
             raise UserError(f"engine: ngram_max must be >= ngram_min (got {self.ngram_max} < {self.ngram_min})")
+
+    def serving_config(self, **fields: Any) -> SimConfig:
+        """A simulator config with this engine's serving fields (and ``fields``)."""
+        return SimConfig(**{"arrival": "poisson", "rate": 1.0, "num_requests": 1, **fields,
+                            "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+                            "k": self.max_k, "proposer": self.proposer, "block_size": self.block_size})
+
+    @classmethod
+    def from_sim_config(cls, config: SimConfig, **engine_only: Any) -> "EngineConfig":
+        """The engine's settings for what ``config`` simulates (its serving fields) and ``engine_only`` fields."""
+        return cls(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+                   max_k=config.k, proposer=config.proposer, block_size=config.block_size, **engine_only)
 
 
 @dataclass(frozen=True)
@@ -272,7 +287,7 @@ class RealEngine:
         self.acceptance = acceptance
         self.policy = policy
         self.cost_model = cost_model
-        self.speculative = config.max_k > 0 and policy.name != "no-spec"
+        self.speculative = is_speculative(policy.name, config.max_k)
         self.use_draft = self.speculative and config.proposer == "draft"
         if self.use_draft and draft is None:
             raise UserError("engine: the draft proposer needs a draft model (or use proposer ngram)")
@@ -288,15 +303,15 @@ class RealEngine:
         models = [self.runner.target] + ([self.runner.draft] if self.runner.draft is not None else [])
         limit = min(m.config.max_position_embeddings for m in models)
         vocab = self.runner.target.config.vocab_size
-        lookahead = self.config.max_k + 1 if self.speculative else 1
+        extra = lookahead(self.config.max_k, self.speculative)
         for i, prompt in enumerate(prompts):
             if len(prompt) != workload.prompt_tokens[i]:
                 raise UserError(f"engine: request {i}: prompt has {len(prompt)} tokens, the workload says "
                                 f"{int(workload.prompt_tokens[i])}")
-            need = len(prompt) + int(workload.output_tokens[i]) + lookahead
+            need = len(prompt) + int(workload.output_tokens[i]) + extra
             if need > limit:
                 raise UserError(f"engine: request {i}: prompt {len(prompt)} + output {int(workload.output_tokens[i])} "
-                                f"+ lookahead {lookahead} tokens exceed the model's context of {limit} tokens")
+                                f"+ lookahead {extra} tokens exceed the model's context of {limit} tokens")
             if min(prompt) < 0 or max(prompt) >= vocab:
                 raise UserError(f"engine: request {i}: token ids must be in [0, {vocab}) "
                                 f"(got {min(prompt)}..{max(prompt)})")
@@ -316,8 +331,8 @@ class RealEngine:
         self.waiting: deque[int] = deque()
         self.rids: list[int] = []
         self.pending: list[list[int]] = []
-        lookahead = cfg.max_k + 1 if self.speculative else 1
-        max_len = int((workload.prompt_tokens + workload.output_tokens).max()) + 2 * lookahead if n else 1
+        max_len = int((workload.prompt_tokens + workload.output_tokens).max()) + 2 * lookahead(cfg.max_k, self.speculative) \
+            if n else 1
         graphs = None if cfg.cuda_graphs else False  # None: graphs wherever the device has them
         self.target_kv = make_kv_batch(cfg.forward, self.runner.target, cfg.max_num_seqs, max_len, graphs)
         self.draft_kv = make_kv_batch(cfg.forward, self.runner.draft, cfg.max_num_seqs, max_len,
@@ -354,37 +369,30 @@ class RealEngine:
         return EngineResult(requests, steps, acceptance, self.outputs, summary)
 
     def _admit(self) -> list[int]:
-        """Waiting requests to prefill now: FCFS while seats and the token budget last (a long prompt alone)."""
+        """Waiting requests to prefill now (:func:`policies.protocol.admit_fcfs`, as the simulator admits; no KV
+        block limit here)."""
         cfg = self.config
-        budget = cfg.max_num_batched_tokens
-        seats = cfg.max_num_seqs - len(self.rids)
-        admitted: list[int] = []
-        while self.waiting and seats > 0:
-            tokens = len(self.prompts[self.waiting[0]])
-            if tokens > budget and admitted:
-                break
-            admitted.append(self.waiting.popleft())
-            budget -= tokens
-            seats -= 1
-        return admitted
+        return admit_fcfs(self.waiting, cfg.max_num_seqs - len(self.rids), cfg.max_num_batched_tokens,
+                          lambda rid: len(self.prompts[rid]), lambda rid, tokens: True)
 
     def _captured(self) -> float:
         """Seconds spent capturing CUDA graphs so far (start-up work; excluded from the engine's clock)."""
         return sum(getattr(kv, "capture_seconds", 0.0) for kv in (self.target_kv, self.draft_kv) if kv is not None)
 
     def _now(self) -> float:
-        """Seconds since the run started, graph capture excluded."""
+        """Seconds since the run started, graph capture excluded (the steps' parts are timed on this clock too,
+        so a pass that captured a graph counts only its replay)."""
         return time.perf_counter() - self._start - (self._captured() - self._captured_before)
 
     def _prefill_step(self, admitted: list[int], step_start: float) -> None:
         runner = self.runner
         prompts = [self.prompts[r] for r in admitted]
-        t0 = time.perf_counter()
+        t0 = self._now()
         first = runner.first_tokens(runner.prefill(self.target_kv, prompts))
-        t1 = time.perf_counter()
+        t1 = self._now()
         if self.use_draft:
             runner.prefill(self.draft_kv, prompts)
-        t2 = time.perf_counter()
+        t2 = self._now()
         for rid, token in zip(admitted, first):
             self.outputs[rid].append(token)
             if self.acceptance is not None:
@@ -410,14 +418,7 @@ class RealEngine:
         generated = np.array([len(self.outputs[r]) for r in self.rids], dtype=np.int64)
         view = BatchView(now, rids, context, generated, len(self.waiting), self.cost_model, self.config.max_k,
                          self.config.proposer == "draft")
-        k = self.policy.propose(view)
-        if not isinstance(k, np.ndarray) or k.shape != rids.shape:
-            raise UserError(f"policy {self.policy.name}: propose() must return an int array of length "
-                            f"{rids.size}, got {type(k).__name__} {getattr(k, 'shape', '')}")
-        if k.size and (k.min() < 0 or k.max() > self.config.max_k):
-            raise UserError(f"policy {self.policy.name}: proposed k outside [0, {self.config.max_k}] "
-                            f"(got {int(k.min())}..{int(k.max())})")
-        return k.astype(np.int64)
+        return checked_proposal(self.policy.name, self.policy.propose(view), len(rids), self.config.max_k)
 
     def _draft_proposals(self, k: np.ndarray) -> tuple[list[list[int]], list[np.ndarray | None], int]:
         """max k draft passes over the batch: proposals (``k[i]`` tokens each), their q (sampling), passes run."""
@@ -441,7 +442,7 @@ class RealEngine:
         context = np.array([len(self.prompts[r]) + len(self.outputs[r]) - 1 for r in self.rids], dtype=np.int64)
         slots = self.target_kv.slots()
         k = self._propose_k(step_start, context) if self.speculative else np.zeros(len(self.rids), dtype=np.int64)
-        t0 = time.perf_counter()
+        t0 = self._now()
         passes = 0
         q: list[np.ndarray | None] = [None] * len(self.rids)
         if self.use_draft and k.any():
@@ -452,14 +453,14 @@ class RealEngine:
                          for r, ki in zip(self.rids, k)]
         else:
             proposals = [[] for _ in self.rids]
-        t1 = time.perf_counter()
+        t1 = self._now()
         last = [self.outputs[r][-1] for r in self.rids]
         decided = None
         if self.acceptance is not None:
             proposed_now = np.array([len(p) for p in proposals], dtype=np.int64)
             decided = self.acceptance.draw(np.asarray(self.rids, dtype=np.int64), proposed_now)
         accepted, tokens = self.runner.verify(self.target_kv, last, proposals, q, decided)
-        t2 = time.perf_counter()
+        t2 = self._now()
         proposed = np.array([len(p) for p in proposals], dtype=np.int64)
         acc = np.asarray(accepted, dtype=np.int64)
         emitted = np.zeros(len(self.rids), dtype=np.int64)

@@ -184,9 +184,9 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     engine_profile = table.meta.get("engine") is not None
     spread = (table.meta.get("engine") or {}).get("decode_length_spread", 0.0)
 
-    def engine_config(k: int) -> EngineConfig:
-        return EngineConfig(max_num_seqs=settings.max_num_seqs, max_num_batched_tokens=settings.max_num_batched_tokens,
-                            max_k=k, forward=settings.forward, cuda_graphs=settings.cuda_graphs)
+    def engine_config(config: typing.Any) -> EngineConfig:
+        """The real engine's settings for what ``config`` simulates (the same serving fields)."""
+        return EngineConfig.from_sim_config(config, forward=settings.forward, cuda_graphs=settings.cuda_graphs)
 
     def twin(seed: int) -> ConstantAcceptance | None:
         return None if settings.twin is None else ConstantAcceptance(settings.twin, np.random.default_rng(seed))
@@ -196,7 +196,11 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     runs = workloads(settings, prompt_pool(pair, settings.seed, settings.prompt_len))
     # Warm up (first passes pay for lazy initialisation): two requests, speculating, not recorded.
     warm_prompts = next(iter(runs.values()))[1][:2]
-    RealEngine(pair.target, pair.draft, engine_config(settings.k), make_policy("fixed-k", settings.k), cost,
+    warm_workload = next(iter(runs.values()))[0]
+    RealEngine(pair.target, pair.draft, engine_config(simulation_config(
+        warm_workload, "fixed-k", settings.k, (), settings.profile, settings.acceptance_trace, settings.fitter,
+        settings.max_num_seqs, settings.max_num_batched_tokens, twin=settings.twin)),
+        make_policy("fixed-k", settings.k), cost,
                   np.random.default_rng(settings.seed), twin(settings.seed)).run(
         Workload(np.zeros(len(warm_prompts)), [len(p) for p in warm_prompts], np.full(len(warm_prompts), 8), "warm-up"),
         warm_prompts)
@@ -207,13 +211,13 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
                 continue
             k = settings.k if k is None else k
             speed = machine_speed(pair, table.frame, spread, 0.0, settings.seed) if engine_profile else 1.0
-            engine = RealEngine(pair.target, pair.draft, engine_config(k), make_policy(name, k, dict(params)), cost,
-                                   np.random.default_rng(settings.seed), twin(settings.seed + 1))
-            result = engine.run(workload, prompts)
-            real[(rate, spec)] = result
             config = simulation_config(workload, name, k, params, settings.profile, settings.acceptance_trace,
                                        settings.fitter, settings.max_num_seqs, settings.max_num_batched_tokens,
                                        rate=rate, twin=settings.twin)
+            engine = RealEngine(pair.target, pair.draft, engine_config(config), make_policy(name, k, dict(params)),
+                                cost, np.random.default_rng(settings.seed), twin(settings.seed + 1))
+            result = engine.run(workload, prompts)
+            real[(rate, spec)] = result
             calibrated = scaled_profile(table, speed, Path(scratch.name) / f"speed{len(rows)}.csv")
             sims, sims_cal = ([run_simulation(c.replace(seed=s), workload=workload).summary
                                for s in range(settings.sim_seeds)]

@@ -35,6 +35,7 @@ import numpy as np
 import simpy
 
 from policies.base import BatchView, Policy, StepOutcome
+from policies.protocol import admit_fcfs, checked_proposal, lookahead
 from policies.step_time import predict_step_seconds
 from policies.errors import UserError
 from simulator.core.runs import DecodeRuns
@@ -116,8 +117,8 @@ class SimulatedEngine(DecodeRuns):
     def _check_fits(self) -> None:
         """A request whose whole context cannot fit in the cache would be preempted forever: refuse it."""
         s = self.spec
-        lookahead = s.max_k + 1 if s.speculative else 1
-        need = -(-(self.workload.prompt_tokens + self.workload.output_tokens + lookahead) // s.block_size)
+        need = -(-(self.workload.prompt_tokens + self.workload.output_tokens + lookahead(s.max_k, s.speculative))
+                 // s.block_size)
         worst = int(np.argmax(need))
         if need[worst] > s.num_gpu_blocks:
             raise UserError(
@@ -162,22 +163,23 @@ class SimulatedEngine(DecodeRuns):
 
     # -- prefill-first --------------------------------------------------------------------------
     def _admit_prefill(self) -> bool:
-        """Move waiting requests that fit (seats, token budget, blocks) into ``prefilling``; FCFS, no skipping."""
+        """Move waiting requests that fit (seats, token budget, blocks) into ``prefilling``; FCFS, no skipping
+        (:func:`policies.protocol.admit_fcfs`, as the real engine admits). A prompt longer than the budget is
+        admitted alone (vLLM v0 would need the budget raised)."""
         s = self.spec
-        budget = s.max_num_batched_tokens
-        seats = s.max_num_seqs - len(self.rid)
-        while self.waiting and seats > 0:
-            rid = self.waiting[0]
-            tokens = self.prompt[rid] + self.generated[rid]
+
+        def tokens_of(rid: int) -> int:
+            return self.prompt[rid] + self.generated[rid]
+
+        def reserve(rid: int, tokens: int) -> bool:
             blocks = -(-tokens // s.block_size)
-            # A prompt longer than the budget is admitted alone (vLLM v0 would need the budget raised).
-            if (tokens > budget and self.prefilling) or blocks > self.free_blocks:
-                break
-            self.waiting.popleft()
+            if blocks > self.free_blocks:
+                return False
             self.free_blocks -= blocks
             self.prefilling.append(Prefill(rid, 0, tokens, blocks))
-            budget -= tokens
-            seats -= 1
+            return True
+
+        admit_fcfs(self.waiting, s.max_num_seqs - len(self.rid), s.max_num_batched_tokens, tokens_of, reserve)
         return bool(self.prefilling)
 
     def _prefill_step(self):
@@ -290,15 +292,8 @@ class SimulatedEngine(DecodeRuns):
         view = BatchView(self.env.now, np.array(self.rid, dtype=np.int64), np.array(self.ctx, dtype=np.int64),
                          np.array(generated, dtype=np.int64), len(self.waiting), self.policy_cost, self.spec.max_k,
                          self.spec.draft_proposer)
-        k = self.policy.propose(view)
-        if not isinstance(k, np.ndarray) or k.shape != (len(self.rid),):
-            raise UserError(f"policy {self.policy.name}: propose() must return an int array of length "
-                            f"{len(self.rid)}, got {type(k).__name__} {getattr(k, 'shape', '')}")
-        values = k.tolist()  # plain Python: at batch sizes of tens, faster than numpy's reductions
-        if values and (min(values) < 0 or max(values) > self.spec.max_k):
-            raise UserError(f"policy {self.policy.name}: proposed k outside [0, {self.spec.max_k}] "
-                            f"(got {min(values)}..{max(values)})")
-        k = k.astype(np.int64, copy=False)
+        k = checked_proposal(self.policy.name, self.policy.propose(view), len(self.rid), self.spec.max_k)
+        values = k.tolist()
         if not self.spec.draft_proposer and any(values):
             k = np.where(self.ngram_rng.random(k.size) < self.spec.ngram_match_prob, k, 0)
         return k

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
+from policies import protocol
 from policies.registry import load_policy_file, make_policy
 from simulator.inputs.acceptance import make_acceptance
 from simulator.config import SimConfig, config_hash
@@ -53,7 +54,7 @@ class SimResult:
 
 def is_speculative(config: SimConfig) -> bool:
     """Whether the policy may ever propose tokens (then the draft model's memory and prefill count)."""
-    return config.k > 0 and config.policy != "no-spec"
+    return protocol.is_speculative(config.policy, config.k)
 
 
 def run_simulation(config: SimConfig, workload: Workload | None = None) -> SimResult:

@@ -1,0 +1,69 @@
+"""What the simulated and the real engine must agree on about a step, written once.
+
+Both engines (:mod:`simulator.core.engine` and :mod:`profiles.serving.engine`) schedule, ask the policy and
+reserve KV room through these functions, so the simulator predicts the engine it claims to model:
+
+- :data:`PROPOSERS`: who proposes the speculative tokens (a draft model, or n-gram prompt lookup);
+- :func:`is_speculative`: whether a policy may ever propose (then the draft's memory and prefill count);
+- :func:`lookahead`: the KV slots a decode step may write beyond a request's context;
+- :func:`checked_proposal`: a policy's answer checked, with one message for both engines;
+- :func:`admit_fcfs`: FCFS admission of waiting requests into a prefill step (vLLM v0's prefill-first).
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+import numpy as np
+
+from policies.errors import UserError
+
+#: ``draft``: a draft model proposes (k sequential draft passes); ``ngram``: prompt lookup, no model.
+PROPOSERS = ("draft", "ngram")
+
+
+def is_speculative(policy_name: str, k: int) -> bool:
+    """Whether a policy named ``policy_name`` with proposal bound ``k`` may ever propose tokens."""
+    return k > 0 and policy_name != "no-spec"
+
+
+def lookahead(max_k: int, speculative: bool) -> int:
+    """KV slots one decode step may write beyond a request's context: the k proposed tokens plus the one
+    verified after them when speculating, else the one new token."""
+    return max_k + 1 if speculative else 1
+
+
+def checked_proposal(policy_name: str, k: object, batch_size: int, max_k: int) -> np.ndarray:
+    """``k`` (a policy's :meth:`propose` answer) as int64 if it is an integer array of ``batch_size`` values in
+    ``[0, max_k]``; otherwise a :class:`UserError` naming the policy and what it returned."""
+    if not isinstance(k, np.ndarray) or k.shape != (batch_size,):
+        raise UserError(f"policy {policy_name}: propose() must return an int array of length {batch_size}, "
+                        f"got {type(k).__name__} {getattr(k, 'shape', '')}")
+    if k.dtype.kind not in "iu":
+        raise UserError(f"policy {policy_name}: propose() must return integers, got dtype {k.dtype}")
+    values = k.tolist()  # plain Python: at batch sizes of tens, faster than numpy's reductions
+    if values and (min(values) < 0 or max(values) > max_k):
+        raise UserError(f"policy {policy_name}: proposed k outside [0, {max_k}] (got {min(values)}..{max(values)})")
+    return k.astype(np.int64, copy=False)
+
+
+def admit_fcfs(waiting: deque[int], seats: int, budget: int, tokens_of: Callable[[int], int],
+               reserve: Callable[[int, int], bool]) -> list[int]:
+    """Admit waiting requests, first come first served with no skipping, into one prefill step.
+
+    The head of ``waiting`` is admitted while ``seats`` (running-request slots) last and its ``tokens_of(rid)``
+    prompt tokens fit the step's token ``budget`` (``max_num_batched_tokens``; a longer prompt is admitted alone,
+    as the first of its step) and ``reserve(rid, tokens)`` agrees (it takes the KV room; an engine without a
+    block limit always agrees). Admitted requests leave ``waiting``; returns them in order.
+    """
+    admitted: list[int] = []
+    while waiting and seats > 0:
+        rid = waiting[0]
+        tokens = tokens_of(rid)
+        if (tokens > budget and admitted) or not reserve(rid, tokens):
+            break
+        waiting.popleft()
+        admitted.append(rid)
+        budget -= tokens
+        seats -= 1
+    return admitted
