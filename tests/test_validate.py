@@ -53,10 +53,12 @@ def test_the_simulated_latency_is_close_to_the_real_engines(tiny):
     assert len(table) == 2 * 2 * 11 and set(table["policy"]) == {"no-spec", "fixed-k:2"}
     latency = table[table["metric"] == "mean_latency"].set_index(["rate", "policy"])
     # Milliseconds-long passes on a shared 2-core machine drift by tens of percent between the profile and the
-    # runs (CI measured the simulator 34-42% slow on one run, 16% fast on another), so the absolute check is a
-    # factor of 1.8 on the median ratio; the shape must match exactly: the random-weight draft is rejected
-    # almost always, so speculation costs latency at both rates, and the higher rate queues more.
-    ratio = (latency["sim"] / latency["real"]).median()
+    # runs (CI measured the simulator 34-42% slow on one run, 16% fast on another; a loaded machine 0.54x), so the
+    # absolute check compares quantities measured in the same minute: the simulation calibrated by the machine's
+    # speed re-timed just before each real run (a factor of 1.8 on the median ratio). The shape must match
+    # exactly: the random-weight draft is rejected almost always, so speculation costs latency at both rates,
+    # and the higher rate queues more.
+    ratio = (latency["sim_calibrated"] / latency["real"]).median()
     assert 1 / 1.8 < ratio < 1.8, latency.to_string()
     for column in ("real", "sim"):
         for rate in (40.0, 150.0):
@@ -67,6 +69,22 @@ def test_the_simulated_latency_is_close_to_the_real_engines(tiny):
         assert run.requests["output_tokens"].tolist() == [16] * 16
     parts = result.parts.groupby("part")[["measured", "predicted"]].sum()
     assert parts.loc["draft", "measured"] > 0 and parts.loc["draft", "predicted"] > 0
+
+
+def test_a_timing_twin_decides_acceptance_alike_in_both_engines(tiny):
+    """With accept/reject drawn from the same constant-rate model in both engines, the real and simulated
+    acceptance rates agree, the policy speculates in both, and the real outputs say they are meaningless."""
+    pair, profile, trace = tiny
+    settings = ValidateSettings(pair="tiny", rates=(60.0,), policies=("fixed-k:2", "goodput"), num_requests=12,
+                                output_len=16, max_num_seqs=4, profile=profile, acceptance_trace=trace, sim_seeds=2,
+                                twin=0.8, forward="optimized")
+    result = run_validation(pair, settings, log=lambda msg: None)
+    rates = result.table[result.table["metric"] == "acceptance_rate"].set_index("policy")
+    for policy in ("fixed-k:2", "goodput"):
+        real, sim = rates.loc[policy, "real"], rates.loc[policy, "sim"]
+        assert 0.5 < real < 0.95 and abs(real - sim) < 0.12, rates.to_string()
+    for run in result.real.values():
+        assert run.summary["tokens"].startswith("meaningless") and run.summary["forward"] == "optimized"
 
 
 def test_step_parts_price_each_real_step_with_the_cost_model():
