@@ -16,7 +16,8 @@ from profiles.engine_profile import EngineProfileSettings, profile_engine  # noq
 from profiles.models.pairs import load_pair  # noqa: E402
 from profiles.grid import Grid  # noqa: E402
 from profiles.profiler import TimingPolicy  # noqa: E402
-from profiles.validation.validate import ValidateSettings, run_validation, step_parts  # noqa: E402
+from profiles.validation.validate import (ValidateSettings, bootstrap_noise, crossover, decision_figures,  # noqa: E402
+                                         policy_choices, run_validation, step_parts)
 from run_sim import main as cli_main  # noqa: E402
 from simulator.costs.cost_model import model_from_dict  # noqa: E402
 from policies.errors import UserError  # noqa: E402
@@ -117,3 +118,37 @@ def test_bad_validate_input_is_one_line_and_exit_status_2(tiny, capsys, tmp_path
         ValidateSettings(pair="llama", profile=profile, acceptance_trace=trace)
     with pytest.raises(UserError, match="measured the tiny pair's engine, not the smollm2 pair's"):
         ValidateSettings(pair="smollm2", profile=profile, acceptance_trace=trace)
+
+
+def test_the_decision_a_user_makes_is_read_off_the_latency_table():
+    """Per rate, the policy of lowest mean latency on each side; speculation stops paying where no-spec wins."""
+    rows = []
+    for rate, real, sim in ((1.0, (3.0, 2.0, 1.5), (3.1, 2.1, 1.6)), (4.0, (4.0, 3.5, 3.8), (4.2, 3.9, 3.7)),
+                            (8.0, (6.0, 7.0, 6.5), (6.1, 6.9, 6.0))):
+        for policy, r, s_ in zip(("no-spec", "fixed-k:3", "goodput"), real, sim):
+            rows.append({"rate": rate, "policy": policy, "metric": "mean_latency", "real": r, "sim": s_})
+    choices = policy_choices(pd.DataFrame(rows))
+    assert choices[["rate", "best_real", "best_sim", "same_choice"]].values.tolist() == [
+        [1.0, "goodput", "goodput", True], [4.0, "fixed-k:3", "goodput", False], [8.0, "no-spec", "goodput", False]]
+    assert choices["speculation_pays_real"].tolist() == [True, True, False]
+    assert crossover(choices, "real") == 8.0 and np.isnan(crossover(choices, "sim"))
+
+
+def test_decision_figures_count_what_a_policy_chose():
+    steps = pd.DataFrame({"kind": ["prefill", "decode", "decode", "decode"], "batch_size": [2, 2, 2, 1],
+                          "k_max": [0, 3, 0, 3], "proposed": [0, 6, 0, 3], "accepted": [0, 4, 0, 3]})
+    figures = decision_figures(steps)
+    assert figures == {"proposed_tokens": 9.0, "accepted_tokens": 7.0, "acceptance_rate": 7 / 9,
+                       "mean_k": 9 / 5, "decode_steps": 3.0, "steps_k0": 1 / 3, "steps_k3": 2 / 3}
+
+
+def test_bootstrap_noise_shrinks_with_more_requests():
+    rng = np.random.default_rng(0)
+
+    def frame(n):
+        return pd.DataFrame({"latency": rng.exponential(1.0, n), "ttft": rng.exponential(0.1, n),
+                             "tpot": rng.exponential(0.01, n)})
+    small, large = bootstrap_noise(frame(20), 0), bootstrap_noise(frame(2000), 0)
+    assert set(small) == {f"{s}_{c}" for s in ("mean", "p50", "p90") for c in ("latency", "ttft", "tpot")}
+    assert all(0 < large[key] < small[key] for key in small)
+    assert 0.01 < large["mean_latency"] < 0.08  # ~1.96 / sqrt(2000) for an exponential

@@ -482,7 +482,7 @@ class RealEngine:
             self.draft_kv.truncate(draft_keep)
         rids = np.asarray(self.rids, dtype=np.int64)
         if proposed.any():
-            self.rec.decode(rids, proposed, acc)
+            self.rec.decode(rids, proposed, np.minimum(acc, emitted), emitted)  # accepted tokens emitted
         done = [i for i, r in enumerate(self.rids) if len(self.outputs[r]) == self.output_len[r]]
         if done:
             self._retire(done)

@@ -121,6 +121,17 @@ class Validation:
     table: pd.DataFrame
     parts: pd.DataFrame
     real: dict[tuple[float, str], typing.Any]
+    decisions: pd.DataFrame
+    """Per rate x policy, real and simulated: proposed and accepted tokens, acceptance rate, mean k per
+    request-step, decode steps, and the share of decode steps at each batch-wide k (``k_max``)."""
+    drift: dict[str, float]
+    """The reference pass's median seconds before and after the runs, and their ratio (the machine's drift
+    measured in the same run, :func:`reference_seconds`)."""
+
+    def choices(self) -> pd.DataFrame:
+        """What a user decides with, per rate: the policy with the lowest mean latency really and simulated
+        (and whether they agree), and whether speculation pays (the best speculative policy beats no-spec)."""
+        return policy_choices(self.table)
 
     def median_abs_error(self, calibrated: bool = False) -> float:
         """Median |relative error| over the latency, TTFT, TPOT and throughput figures."""
@@ -192,7 +203,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
         return None if settings.twin is None else ConstantAcceptance(settings.twin, np.random.default_rng(seed))
     scratch = tempfile.TemporaryDirectory(prefix="specsim-validate-")
     specs = [parse_policy_spec(s) for s in settings.policies]
-    rows, parts, real = [], [], {}
+    rows, parts, real, decisions = [], [], {}, []
     runs = workloads(settings, prompt_pool(pair, settings.seed, settings.prompt_len))
     # Warm up (first passes pay for lazy initialisation): two requests, speculating, not recorded.
     warm_prompts = next(iter(runs.values()))[1][:2]
@@ -204,6 +215,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
                   np.random.default_rng(settings.seed), twin(settings.seed)).run(
         Workload(np.zeros(len(warm_prompts)), [len(p) for p in warm_prompts], np.full(len(warm_prompts), 8), "warm-up"),
         warm_prompts)
+    before = reference_seconds(pair, settings)
     for rate, (workload, prompts) in runs.items():
         for spec, (name, k, params) in zip(settings.policies, specs):
             if settings.max_seconds is not None and time.monotonic() - started > settings.max_seconds:
@@ -219,21 +231,108 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
             result = engine.run(workload, prompts)
             real[(rate, spec)] = result
             calibrated = scaled_profile(table, speed, Path(scratch.name) / f"speed{len(rows)}.csv")
-            sims, sims_cal = ([run_simulation(c.replace(seed=s), workload=workload).summary
-                               for s in range(settings.sim_seeds)]
-                              for c in (config, config.replace(profile=calibrated, policy_profile=settings.profile)))
+            sim_runs = [run_simulation(config.replace(seed=s, save_steps=True), workload=workload)
+                        for s in range(settings.sim_seeds)]
+            sims = [r.summary for r in sim_runs]
+            sims_cal = [run_simulation(config.replace(seed=s, profile=calibrated, policy_profile=settings.profile),
+                                       workload=workload).summary for s in range(settings.sim_seeds)]
+            noise = bootstrap_noise(result.requests, settings.seed)
             for metric in METRICS + ["acceptance_rate"]:
                 r = float(result.summary[metric])
                 s, c = (float(np.mean([x[metric] for x in runs_])) for runs_ in (sims, sims_cal))
                 rows.append({"rate": rate, "policy": spec, "metric": metric, "real": r, "sim": s,
                              "rel_error": (s - r) / r if r else np.nan, "sim_calibrated": c,
-                             "rel_error_calibrated": (c - r) / r if r else np.nan, "speed": speed})
+                             "rel_error_calibrated": (c - r) / r if r else np.nan, "speed": speed,
+                             "real_noise": noise.get(metric, np.nan)})
+            decisions.append({"rate": rate, "policy": spec,
+                              **{f"real_{key}": value for key, value in decision_figures(result.steps).items()},
+                              **{f"sim_{key}": value for key, value in pd.DataFrame(
+                                  [decision_figures(r.steps) for r in sim_runs]).mean().items()}})
             parts.append(step_parts(result.steps, cost).assign(rate=rate, policy=spec, speed=speed))
             log(f"rate {rate:g} {spec}: machine speed {speed:.3f} x the profile's; mean latency real "
                 f"{result.summary['mean_latency']:.3f} s, simulated {np.mean([x['mean_latency'] for x in sims]):.3f} s, "
                 f"calibrated {np.mean([x['mean_latency'] for x in sims_cal]):.3f} s")
     scratch.cleanup()
-    return Validation(pd.DataFrame(rows), pd.concat(parts, ignore_index=True), real)
+    drift = {"reference_seconds_before": before, "reference_seconds_after": reference_seconds(pair, settings)}
+    drift["after_over_before"] = drift["reference_seconds_after"] / before
+    return Validation(pd.DataFrame(rows), pd.concat(parts, ignore_index=True), real,
+                      pd.DataFrame(decisions).fillna(0.0), drift)
+
+
+def reference_seconds(pair: ModelPair, settings: ValidateSettings, repeats: int = 21) -> float:
+    """Median seconds of a fixed reference pass (the target verifying 3 tokens for 4 sequences over 32 cached
+    ones, on the validated forward path): timed before and after the runs, its ratio is the machine's drift."""
+    import time
+
+    from profiles.serving.kv import make_kv_batch
+
+    kv = make_kv_batch(settings.forward, pair.target, 4, 64, None if settings.cuda_graphs else False)
+    rng = np.random.default_rng(12345)
+    vocab = pair.target.config.vocab_size
+    kv.prefill(rng.integers(0, vocab, (4, 32)).tolist())
+    block = rng.integers(0, vocab, (4, 3)).tolist()
+    seconds = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        kv.extend(block, all_logits=True).float().sum().item()  # .item(): wait for the device
+        seconds.append(time.perf_counter() - t0)
+        kv.truncate([32] * 4)
+    return float(np.median(seconds[1:]))
+
+
+def bootstrap_noise(requests: pd.DataFrame, seed: int, draws: int = 400) -> dict[str, float]:
+    """Sampling noise of a real run's per-request figures: half the width of the 95% bootstrap interval of the
+    mean, p50 and p90 of latency, TTFT and TPOT (requests resampled with replacement), relative to the figure."""
+    rng = np.random.default_rng(seed)
+    index = rng.integers(0, len(requests), (draws, len(requests)))
+    out = {}
+    for column in ("latency", "ttft", "tpot"):
+        values = requests[column].to_numpy(dtype=float)
+        samples = values[index]
+        for name, stat in (("mean", lambda a: a.mean(axis=1)), ("p50", lambda a: np.percentile(a, 50, axis=1)),
+                           ("p90", lambda a: np.percentile(a, 90, axis=1))):
+            figure = float(stat(values[None, :])[0])
+            lo, hi = np.percentile(stat(samples), [2.5, 97.5])
+            out[f"{name}_{column}"] = float((hi - lo) / 2 / figure) if figure else float("nan")
+    return out
+
+
+def decision_figures(steps: pd.DataFrame) -> dict[str, float]:
+    """How a policy decided over a run (module docstring of :class:`Validation`): from the per-step table."""
+    decode = steps[steps["kind"] != "prefill"]
+    proposed, accepted = float(decode["proposed"].sum()), float(decode["accepted"].sum())
+    request_steps = float(decode["batch_size"].sum())
+    out = {"proposed_tokens": proposed, "accepted_tokens": accepted,
+           "acceptance_rate": accepted / proposed if proposed else float("nan"),
+           "mean_k": proposed / request_steps if request_steps else 0.0, "decode_steps": float(len(decode))}
+    shares = decode["k_max"].value_counts(normalize=True)
+    out.update({f"steps_k{int(k)}": float(share) for k, share in sorted(shares.items())})
+    return out
+
+
+def policy_choices(table: pd.DataFrame) -> pd.DataFrame:
+    """Per rate: the policy of lowest mean latency, real and simulated, whether they agree, and whether
+    speculation pays (a speculative policy beats no-spec; needs no-spec among the policies)."""
+    latency = table[table["metric"] == "mean_latency"]
+    rows = []
+    for rate, part in latency.groupby("rate"):
+        row = {"rate": rate}
+        for side in ("real", "sim"):
+            best = part.loc[part[side].idxmin()]
+            row[f"best_{side}"] = best["policy"]
+            plain = part[part["policy"] == "no-spec"]
+            spec = part[part["policy"] != "no-spec"]
+            row[f"speculation_pays_{side}"] = bool(len(plain) and len(spec) and spec[side].min() < plain[side].iloc[0])
+        row["same_choice"] = row["best_real"] == row["best_sim"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def crossover(choices: pd.DataFrame, side: str) -> float:
+    """The lowest validated rate at which speculation stops paying (``side``: real or sim); NaN if it pays at
+    every validated rate."""
+    stops = choices.loc[~choices[f"speculation_pays_{side}"], "rate"]
+    return float(stops.min()) if len(stops) else float("nan")
 
 
 def simulation_config(workload: typing.Any, policy: str, k: int, params: tuple[tuple[str, typing.Any], ...],
@@ -405,7 +504,7 @@ def main(argv: list[str]) -> int:
                                 cuda_graphs=args.cuda_graphs, max_seconds=args.max_seconds)
     from profiles.models import forward
     from profiles.models.pairs import load_pair
-    from simulator.results import write_csv
+    from simulator.results import write_csv, write_json
 
     device = forward.setup_device(settings.device, settings.threads if settings.device == "cpu" else None)
     pair = load_pair(settings.pair, settings.draft_path, device=device, dtype=settings.dtype)
@@ -418,6 +517,10 @@ def main(argv: list[str]) -> int:
         write_csv(out / f"steps_{tag}.csv", run.steps)
     write_csv(out / "validate.csv", result.table)
     write_csv(out / "parts.csv", result.parts)
+    write_csv(out / "decisions.csv", result.decisions)
+    choices = result.choices()
+    write_csv(out / "choices.csv", choices)
+    write_json(out / "drift.json", result.drift)
     plot(result.table, out / "validate.png",
          f"{settings.pair}: real engine vs simulator ({settings.num_requests} requests, output {settings.output_len})")
     print(f"\nreal and simulated, seconds (throughput: requests/s):\n{format_table(result.table)}")
@@ -425,6 +528,18 @@ def main(argv: list[str]) -> int:
     print(f"\nmedian |relative error| over {figures} latency, TTFT, TPOT and throughput figures: "
           f"{result.median_abs_error():.1%} as profiled, {result.median_abs_error(calibrated=True):.1%} calibrated "
           f"(machine speed {result.parts['speed'].min():.3f}..{result.parts['speed'].max():.3f} x the profile's)")
+    worst = result.table.loc[result.table["metric"].isin(METRICS), "rel_error_calibrated"].abs().max()
+    noise = result.table.loc[result.table["metric"].isin(METRICS), "real_noise"].median()
+    print(f"worst |relative error| {worst:.1%} calibrated; sampling noise of the real figures (95% bootstrap "
+          f"half-width, median over figures) {noise:.1%}; machine drift over the run "
+          f"{result.drift['after_over_before']:.3f}x (reference pass before/after)")
+    print(f"\nthe decision, per rate (lowest mean latency):\n{choices.to_string(index=False)}")
+    print(f"speculation stops paying at: real {crossover(choices, 'real'):g} req/s, simulated "
+          f"{crossover(choices, 'sim'):g} req/s (nan: pays at every validated rate)")
+    shown = [c for c in result.decisions.columns if c.split("_", 1)[-1] in
+             ("acceptance_rate", "mean_k", "proposed_tokens", "decode_steps")]
+    print(f"\nhow each policy decided, real and simulated:\n"
+          f"{result.decisions[['rate', 'policy'] + shown].to_string(index=False, float_format='{:.3f}'.format)}")
     print(f"\nwhere the time goes (every real step, measured vs the cost model on its shape), seconds:\n"
           f"{format_parts(result.parts)}")
     print(f"\nresults: {out}/validate.csv, {out}/validate.png")
