@@ -43,6 +43,7 @@ def load_policy_file(path: str) -> list[str]:
     p = Path(path)
     if not p.is_file():
         raise UserError(f"--policy-file {path}: no such file")
+    _load_builtins()
     before = dict(_REGISTRY)
     module_name = f"specsim_user_policy_{abs(hash(p.resolve()))}"
     spec = importlib.util.spec_from_file_location(module_name, p)
@@ -52,15 +53,26 @@ def load_policy_file(path: str) -> list[str]:
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as exc:  # a user's file: report, do not trace back
-        raise UserError(f"--policy-file {path}: failed to import: {type(exc).__name__}: {exc}") from None
+    except (Exception, SystemExit) as exc:  # a user's file: report, do not trace back
+        _REGISTRY.clear()
+        _REGISTRY.update(before)
+        what = "called sys.exit" if isinstance(exc, SystemExit) else f"{type(exc).__name__}: {exc}"
+        raise UserError(f"--policy-file {path}: failed to import: {what}".splitlines()[0]) from None
     added = sorted(n for n, c in _REGISTRY.items() if before.get(n) is not c)  # a reload re-registers
+    replaced = [n for n in added if n in BUILTIN_NAMES]
+    if replaced:
+        _REGISTRY.clear()
+        _REGISTRY.update(before)
+        raise UserError(f"--policy-file {path}: registers {replaced[0]!r}, the name of a built-in policy; give "
+                        "your policy its own name")
     if not added:
         raise UserError(f"--policy-file {path}: registers no policy (decorate a Policy subclass with @register)")
     return added
 
 
 _builtins_loaded = False
+#: Names of the built-in policies, which a user's file may not replace.
+BUILTIN_NAMES = ("goodput", "no-spec", "fixed-k", "threshold")
 
 
 def _load_builtins() -> None:

@@ -12,11 +12,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
+import numbers
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from policies.errors import UserError, require
+from policies.protocol import PROPOSERS
 
 #: The simulator's default profile: the example shipped with the package, used when ``--profile`` is not given
 #: (the validation has its own default, a measured CPU profile).
@@ -25,7 +28,6 @@ DEFAULT_SIM_PROFILE = str(Path(__file__).resolve().parent.parent / "profiles" / 
 ARRIVALS = ("poisson", "gamma", "trace")
 LENGTH_DISTS = ("fixed", "file", "lognormal")
 SCHEDULERS = ("prefill-first", "chunked-prefill")
-PROPOSERS = ("draft", "ngram")
 ACCEPTANCE_MODELS = ("constant", "beta", "position", "replay")
 FITTERS = ("linear", "interp")
 
@@ -120,8 +122,13 @@ class SimConfig:
     """Root of every random stream (one SeedSequence, one Generator per stream)."""
     save_steps: bool = False
     """Also write ``steps.csv`` (one row per engine step)."""
+    strict_fit: bool = False
+    """A request that can never fit in the KV cache (prompt + output + lookahead > the cache) stops the run
+    (``--strict-fit``). Default: it is ignored, as vLLM does (v0 marks it FINISHED_IGNORED), the rest are served,
+    and the summary and the per-request table report it."""
 
     def __post_init__(self) -> None:
+        _check_types(self)
         _choice("arrival", self.arrival, ARRIVALS)
         _choice("length_dist", self.length_dist, LENGTH_DISTS)
         _choice("scheduler", self.scheduler, SCHEDULERS)
@@ -137,6 +144,26 @@ class SimConfig:
             require(self.rate is None or self.trace_speedup is None,
                     "config: give either rate or trace_speedup to rescale a trace, not both")
         _positive("cv", self.cv)
+        require(self.cv <= MAX_CV, f"config: cv must be <= {MAX_CV:g} (Gamma shape 1/cv^2 degenerates), got {self.cv!r}")
+        if self.arrival != "gamma":
+            require(self.cv == 1.0, f"config: cv={self.cv:g} is used only by arrival=gamma (got arrival={self.arrival}); "
+                                    "add --arrival gamma")
+        if self.arrival != "trace":
+            require(self.trace is None, f"config: trace {self.trace} is replayed only with arrival=trace "
+                                        f"(got arrival={self.arrival}); drop --arrival or --trace")
+            require(self.trace_speedup is None, "config: trace_speedup is used only with arrival=trace "
+                                                f"(got arrival={self.arrival})")
+        if self.length_dist != "file":
+            require(self.length_file is None, f"config: length_file {self.length_file} is read only with "
+                                              f"length_dist=file (got length_dist={self.length_dist}); "
+                                              "add --length-dist file")
+        if self.acceptance != "replay":
+            require(self.acceptance_trace is None, f"config: acceptance_trace {self.acceptance_trace} is replayed "
+                                                   f"only with acceptance=replay (got acceptance={self.acceptance}); "
+                                                   "add --acceptance replay")
+        if self.acceptance != "position":
+            require(not self.acceptance_positions, "config: acceptance_positions are used only with "
+                                                   f"acceptance=position (got acceptance={self.acceptance})")
         if self.trace_speedup is not None:
             _positive("trace_speedup", self.trace_speedup)
         if self.num_requests is not None:
@@ -148,6 +175,7 @@ class SimConfig:
         _positive("prompt_len", self.prompt_len)
         _positive("output_len", self.output_len)
         _positive("length_sigma", self.length_sigma)
+        require(self.length_sigma <= MAX_SIGMA, f"config: length_sigma must be <= {MAX_SIGMA:g}, got {self.length_sigma!r}")
         if self.length_dist == "file":
             require(self.length_file is not None, "config: length_dist=file needs --length-file FILE")
         _positive("max_prompt_len", self.max_prompt_len)
@@ -202,10 +230,77 @@ class SimConfig:
             raise UserError(f"{source}: unknown config field {unknown[0]!r}")
         kwargs = dict(data)
         if "acceptance_positions" in kwargs:
-            kwargs["acceptance_positions"] = tuple(float(x) for x in kwargs["acceptance_positions"])
+            positions = kwargs["acceptance_positions"]
+            require(isinstance(positions, (list, tuple)),
+                    f"{source}: acceptance_positions must be a list of numbers, got {positions!r}")
+            kwargs["acceptance_positions"] = tuple(positions)
         if "policy_params" in kwargs:
-            kwargs["policy_params"] = tuple((str(n), v) for n, v in kwargs["policy_params"])
-        return cls(**kwargs)
+            params = kwargs["policy_params"]
+            require(isinstance(params, (list, tuple)) and all(
+                isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) for p in params),
+                f"{source}: policy_params must be a list of [name, value] pairs, got {params!r}")
+            kwargs["policy_params"] = tuple((n, v) for n, v in params)
+        try:
+            return cls(**kwargs)
+        except UserError as exc:
+            if source in ("config", "flags") or str(exc).startswith(source):
+                raise
+            raise UserError(f"{source}: {exc}") from None
+
+
+#: Upper bounds of a few fields whose larger values make a model degenerate rather than extreme.
+MAX_CV = 100.0
+MAX_SIGMA = 10.0
+#: Every number of a config lies within +-MAX_NUMBER (larger is a typo or an overflow waiting to happen).
+MAX_NUMBER = 1e12
+
+
+def _check_types(config: "SimConfig") -> None:
+    """Every field has its declared type: no bool for a number, no float for an int, no text for a bool, every
+    number finite and within :data:`MAX_NUMBER` (a JSON config is not coerced: ``"save_steps": "no"`` is refused,
+    not taken as true)."""
+    import typing
+
+    hints = typing.get_type_hints(type(config))
+    for f in fields(config):
+        value = getattr(config, f.name)
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        optional = type(None) in args
+        if value is None:
+            require(optional, f"config: {f.name} must not be null")
+            continue
+        base = next((a for a in args if a is not type(None)), hint) if optional else hint
+        origin = typing.get_origin(base) or base
+        shown = f"{value!r} ({type(value).__name__})"
+        if origin is bool:
+            require(isinstance(value, bool), f"config: {f.name} must be true or false, got {shown}")
+        elif origin is int:
+            require(isinstance(value, numbers.Integral) and not isinstance(value, bool),
+                    f"config: {f.name} must be a whole number, got {shown}")
+            require(abs(value) <= MAX_NUMBER, f"config: {f.name} must be at most {MAX_NUMBER:g}, got {value!r}")
+        elif origin is float:
+            _number(f.name, value)
+        elif origin is str:
+            require(isinstance(value, str), f"config: {f.name} must be text, got {shown}")
+        elif f.name == "acceptance_positions":
+            require(isinstance(value, tuple), f"config: {f.name} must be a list of numbers, got {shown}")
+            for v in value:
+                _number(f.name, v)
+        elif f.name == "policy_params":
+            require(isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
+                                                     for p in value),
+                    f"config: policy_params must be (name, value) pairs, got {shown}")
+            for name, v in value:
+                if isinstance(v, float):
+                    require(math.isfinite(v), f"config: policy parameter {name} must be finite, got {v!r}")
+
+
+def _number(name: str, value: Any) -> None:
+    require(isinstance(value, numbers.Real) and not isinstance(value, bool),
+            f"config: {name} must be a number, got {value!r} ({type(value).__name__})")
+    require(math.isfinite(value), f"config: {name} must be a finite number, got {value!r}")
+    require(abs(value) <= MAX_NUMBER, f"config: {name} must be at most {MAX_NUMBER:g}, got {value!r}")
 
 
 def config_hash(config: SimConfig) -> str:

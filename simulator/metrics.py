@@ -6,9 +6,15 @@ proposed_tokens, accepted_tokens, preemptions`` and derived ``ttft`` (first_toke
 ``tpot`` ((finish_time - first_token_time) / (output_tokens - 1), s per token; NaN for one-token outputs),
 ``latency`` (finish_time - arrival_time, s) and ``norm_latency`` (latency / output_tokens, s per token).
 
-Conventions: acceptance rate = accepted / proposed draft tokens; mean acceptance length = emitted tokens
-per request-step that proposed at least one token, *including the bonus token* (vLLM's convention), i.e.
-(accepted + speculative request-steps) / speculative request-steps.
+Conventions: ``accepted_tokens`` counts the accepted draft tokens the request actually emitted (a step that
+accepts more than the request still needs emits only what it needs: the rest is not counted), so
+accepted_tokens <= output_tokens - 1. Acceptance rate = accepted / proposed draft tokens; mean acceptance
+length = emitted tokens per request-step that proposed at least one token, *including the bonus token*
+(vLLM's convention).
+
+Ignored requests (``ignored`` column True): requests that can never fit in the KV cache, not served (vLLM's
+FINISHED_IGNORED); their times are NaN, they count in ``requests`` and ``ignored_requests`` but in no latency,
+throughput or token figure.
 """
 from __future__ import annotations
 
@@ -23,6 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 REQUEST_COLUMNS = ["request_id", "arrival_time", "first_token_time", "finish_time", "prompt_tokens",
                    "output_tokens", "proposed_tokens", "accepted_tokens", "preemptions"]
+#: Columns only the simulator's table has, after :data:`REQUEST_COLUMNS`.
+SIM_REQUEST_COLUMNS = ["ignored"]
 DERIVED_COLUMNS = ["ttft", "tpot", "latency", "norm_latency"]
 STEP_COLUMNS = ["start_time", "seconds", "kind", "batch_size", "prefill_tokens", "k_max", "proposed",
                 "accepted", "emitted", "kv_blocks_used", "num_waiting"]
@@ -42,6 +50,8 @@ class Recorder:
         self.proposed = np.zeros(n, dtype=np.int64)
         self.accepted = np.zeros(n, dtype=np.int64)
         self.spec_steps = np.zeros(n, dtype=np.int64)
+        self.spec_emitted = np.zeros(n, dtype=np.int64)
+        self.ignored = np.zeros(n, dtype=bool)
         self.preemptions = np.zeros(n, dtype=np.int64)
         self.finished = 0
         self.num_steps = 0
@@ -60,12 +70,18 @@ class Recorder:
     def preempt(self, rid: int, t: float) -> None:
         self.preemptions[rid] += 1
 
-    def decode(self, rid: np.ndarray, proposed: np.ndarray, accepted: np.ndarray, steps: int = 1) -> None:
-        """Speculative outcome of ``steps`` steps of one batch: tokens proposed and accepted per request over
-        them (request ids are unique within a batch)."""
+    def ignore(self, rids: np.ndarray) -> None:
+        """Requests that can never fit in the KV cache and are not served."""
+        self.ignored[rids] = True
+
+    def decode(self, rid: np.ndarray, proposed: np.ndarray, accepted: np.ndarray, emitted: np.ndarray,
+               steps: int = 1) -> None:
+        """Speculative outcome of ``steps`` steps of one batch, per request over them (request ids are unique
+        within a batch): tokens proposed (per step), accepted draft tokens *emitted* and tokens emitted."""
         self.proposed[rid] += proposed
         self.accepted[rid] += accepted
         self.spec_steps[rid] += steps * (proposed > 0)
+        self.spec_emitted[rid] += np.where(proposed > 0, emitted, 0)
 
     @property
     def keeps_steps(self) -> bool:
@@ -104,6 +120,7 @@ class Recorder:
             "proposed_tokens": self.proposed,
             "accepted_tokens": self.accepted,
             "preemptions": self.preemptions,
+            "ignored": self.ignored,
         }
         return {**columns, **derived(columns)}
 
@@ -120,7 +137,7 @@ class Recorder:
     def acceptance_length(self) -> float:
         """Mean tokens emitted per speculative request-step, bonus token included (NaN without speculation)."""
         steps = int(self.spec_steps.sum())
-        return (int(self.accepted.sum()) + steps) / steps if steps else float("nan")
+        return int(self.spec_emitted.sum()) / steps if steps else float("nan")
 
 
 def derived(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -141,6 +158,11 @@ def summarize(requests: Mapping[str, np.ndarray], acceptance_length: float = flo
     ``requests``: the per-request columns (:meth:`Recorder.columns`, or a DataFrame of them)."""
     n = len(requests["request_id"])
     out: dict[str, float] = {"requests": n}
+    if "ignored" in requests:
+        ignored = np.asarray(requests["ignored"], dtype=bool)
+        if ignored.any():
+            requests = {c: np.asarray(v)[~ignored] for c, v in requests.items()}
+            n = len(requests["request_id"])
     for col in DERIVED_COLUMNS:
         values = np.asarray(requests[col], dtype=float)
         values = values[~np.isnan(values)]

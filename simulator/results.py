@@ -1,11 +1,19 @@
-"""Writing results atomically: a file appears complete or not at all.
+"""Writing results atomically: a file appears complete or not at all; a folder is wholly one run or visibly
+incomplete.
 
-Each file is written to a temporary name in the same folder, flushed and fsynced, then renamed over the
-final name (``os.replace`` is atomic on POSIX). A run directory is complete when ``summary.json`` exists:
-it is written last.
+Each file is written to a temporary name in the same folder (``.<name>.<random>.tmp``), flushed and fsynced,
+given ordinary permissions (0666 less the umask, 0644 by default; not mkstemp's 0600), then renamed over the
+final name (``os.replace`` is atomic on POSIX). A run directory is complete when ``summary.json`` exists: it
+is written last, and removed first when a run starts writing into a folder that holds an older one.
+
+Output folders: :func:`prepare_out_dir` checks one before any work (``--out ""``, a file, a folder that cannot
+be made or written), takes its lock (:class:`FolderLock`: two commands writing into one folder at once are
+refused, naming the other's process) and removes the temporary files a killed run left behind.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import math
 import os
@@ -13,8 +21,22 @@ import tempfile
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable
 
+from policies.errors import UserError
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: Permissions of every result file: what ``open()`` would give (0644 under the usual umask 022).
+FILE_MODE = 0o666 & ~_umask()
+#: The lock file of an output folder.
+LOCK_NAME = ".specsim.lock"
 
 
 def atomic_write(path: str | Path, write: Callable[[IO[str]], None]) -> None:
@@ -23,6 +45,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[str]], None]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "w", newline="") as f:
             write(f)
             f.flush()
@@ -52,3 +75,88 @@ def _clean(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_clean(v) for v in value]
     return value
+
+
+# -- output folders ------------------------------------------------------------------------------------------
+def check_out_dir(out: str | Path | None, flag: str = "--out") -> Path:
+    """The output folder ``out``, made if missing, after checking that results can be written there; any problem
+    (empty name, a file, cannot be made, not writable) is a one-line :class:`UserError` before any work."""
+    if out is None or not str(out).strip():
+        raise UserError(f"{flag}: an output folder is required (got {str(out or '')!r})")
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{flag} {out}: exists and is not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{flag} {out}: cannot create the output folder ({exc.strerror or exc})") from None
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".specsim-probe.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UserError(f"{flag} {out}: cannot write into the output folder ({exc.strerror or exc})") from None
+    return path
+
+
+class FolderLock:
+    """An exclusive lock on an output folder (``flock`` on the folder itself, released when the process ends,
+    however it ends); while held, ``<folder>/.specsim.lock`` names the holding process, and is removed on release.
+    A second command into the same folder is refused with a line naming the holder."""
+
+    def __init__(self, folder: Path, flag: str = "--out") -> None:
+        self.folder, self.flag = folder, flag
+        self.fd: int | None = None
+
+    def __enter__(self) -> "FolderLock":
+        if self.fd is not None:  # already held (prepare_out_dir took it): ``with lock:`` releases it at the end
+            return self
+        fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                try:
+                    holder = (self.folder / LOCK_NAME).read_text().strip() or "?"
+                except OSError:
+                    holder = "?"
+                raise UserError(f"{self.flag} {self.folder}: another run (process {holder}) is writing into this "
+                                "folder; wait for it to finish or choose another folder") from None
+            raise
+        self.fd = fd
+        try:
+            (self.folder / LOCK_NAME).write_text(f"{os.getpid()}\n")
+        except OSError:
+            pass
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.fd is not None:
+            (self.folder / LOCK_NAME).unlink(missing_ok=True)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+def remove_stale_temporaries(*folders: Path) -> int:
+    """Delete the temporary files (``.NAME.*.tmp``, ``.NAME.tmp.EXT``) a killed run left in ``folders``; call it
+    holding the folder's lock, so that no live writer owns them. Returns how many were removed."""
+    removed = 0
+    for folder in folders:
+        if not folder.is_dir():
+            continue
+        for p in folder.iterdir():
+            if p.name.startswith(".") and (p.name.endswith(".tmp") or ".tmp." in p.name) and p.is_file():
+                p.unlink(missing_ok=True)
+                removed += 1
+    return removed
+
+
+def prepare_out_dir(out: str | Path | None, flag: str = "--out") -> tuple[Path, FolderLock]:
+    """Check ``out`` (:func:`check_out_dir`), lock it and clean a killed run's temporaries; returns the folder and
+    the lock, held until released (``with lock:`` or ``lock.__exit__()``; the process's end releases it too)."""
+    path = check_out_dir(out, flag)
+    lock = FolderLock(path, flag).__enter__()
+    remove_stale_temporaries(path, path / "runs")
+    return path, lock

@@ -62,6 +62,8 @@ class EngineSpec:
     """False when the policy can never speculate (k bound 0): the draft model then costs nothing."""
     run_steps: int = 64
     """Most decode steps simulated in one event for a stationary policy (1: always step by step)."""
+    strict_fit: bool = False
+    """A request that can never fit in the KV cache stops the run (True) or is ignored (False, vLLM's way)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -92,6 +94,8 @@ class SimulatedEngine(DecodeRuns):
         self.acceptance = acceptance
         self.ngram_rng = ngram_rng
         self.rec = recorder
+        self.unfit: set[int] = set()
+        """Requests that can never fit in the KV cache: ignored, never queued."""
         self._check_fits()
         n = len(workload)
         self.prompt: list[int] = workload.prompt_tokens.tolist()
@@ -133,11 +137,14 @@ class SimulatedEngine(DecodeRuns):
     # -- processes ------------------------------------------------------------------------------
     def _arrivals(self):
         env = self.env
+        unfit = self.unfit
         for rid, t in enumerate(self.workload.arrival_time.tolist()):
             if t > env.now:
                 yield env.timeout(t - env.now)
-            self.waiting.append(rid)
             self.arrived += 1
+            if unfit and rid in unfit:
+                continue  # ignored: never queued (vLLM's FINISHED_IGNORED)
+            self.waiting.append(rid)
             if self._wake is not None and not self._wake.triggered:
                 self._wake.succeed()
 
@@ -350,10 +357,11 @@ class SimulatedEngine(DecodeRuns):
         rid = np.array(self.rid, dtype=np.int64)
         if proposed.any():
             accepted = self.acceptance.draw(rid, proposed)
-            self.rec.decode(rid, proposed, accepted)
+            emitted = np.minimum(accepted + 1, self.left)
+            self.rec.decode(rid, proposed, np.minimum(accepted, emitted), emitted)
         else:
             accepted = proposed  # all zeros
-        emitted = np.minimum(accepted + 1, self.left)
+            emitted = np.minimum(accepted + 1, self.left)
         self._advance(emitted.tolist())
         self.rec.step(start, seconds, kind, rid.size, prefill_tokens, self.spec.num_gpu_blocks - self.free_blocks,
                       len(self.waiting), proposed, accepted, emitted)

@@ -7,11 +7,15 @@ where a token's KV bytes are the target's plus, with a draft-model proposer, the
 """
 from __future__ import annotations
 
+import math
+
 from simulator.config import SimConfig
 from simulator.costs.cost_model import CostModel
 from policies.errors import UserError
 
 GIB = 1024 ** 3
+#: Most KV blocks a derived cache may have (1e12 blocks: far beyond any device; more means bad figures).
+MAX_BLOCKS = 1e12
 
 
 def num_gpu_blocks(config: SimConfig, cost_model: CostModel, speculative: bool) -> int:
@@ -26,8 +30,16 @@ def num_gpu_blocks(config: SimConfig, cost_model: CostModel, speculative: bool) 
     with_draft = speculative and config.proposer == "draft"
     weights_gb = mem.target_weight_gb + (mem.draft_weight_gb if with_draft else 0.0)
     kv_bytes = mem.target_kv_bytes_per_token + (mem.draft_kv_bytes_per_token if with_draft else 0.0)
+    if not (math.isfinite(kv_bytes) and kv_bytes > 0):
+        raise UserError(f"--profile {cost_model.path}: memory: KV bytes per token must be > 0 to derive the KV "
+                        f"cache (got {kv_bytes:g}); fix the profile's memory figures or give --num-gpu-blocks")
     free_gb = device_gb * config.gpu_memory_utilization - weights_gb - config.activation_reserve_gb
-    blocks = int(free_gb * GIB // (config.block_size * kv_bytes))
+    blocks = free_gb * GIB // (config.block_size * kv_bytes)
+    if not math.isfinite(blocks) or blocks > MAX_BLOCKS:
+        raise UserError(f"--profile {cost_model.path}: memory: {device_gb:g} GiB of device memory for "
+                        f"{kv_bytes:g} KV bytes per token gives {blocks:g} KV blocks, more than {MAX_BLOCKS:g}; "
+                        "check the memory figures or give --num-gpu-blocks")
+    blocks = int(blocks)
     if blocks <= 0:
         raise UserError(f"config: no memory left for the KV cache: {device_gb:g} GiB x "
                         f"{config.gpu_memory_utilization:g} - {weights_gb:.2f} GiB weights - "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from simulator.costs.cost_model import load_cost_model
 from simulator.core.engine import EngineSpec, SimulatedEngine
 from policies.errors import UserError
 from simulator.core.memory import num_gpu_blocks
+from simulator.core.user_policy import Watch, guarded
 from simulator.metrics import Recorder, summarize
 from simulator.results import atomic_write, write_csv, write_json
 from simulator.inputs.workload import Workload, build_workload
@@ -57,6 +59,41 @@ def is_speculative(config: SimConfig) -> bool:
     return protocol.is_speculative(config.policy, config.k)
 
 
+#: What a run adds to :func:`simulator.metrics.summarize`'s figures in its summary.
+SUMMARY_KEYS = ("ignored_requests", "ignored_request_ids", "policy", "k", "profile", "profile_method",
+                "num_gpu_blocks", "steps", "workload", "config_hash", "wall_seconds")
+
+#: Longest a single step may be predicted to take, seconds (more means broken coefficients, e.g. 1e308).
+MAX_STEP_SECONDS = 1e6
+
+
+def check_costs(config: SimConfig, cost: Any, flag: str, speculative: bool) -> None:
+    """Refuse a cost model whose steps cannot be simulated: a decode step of a single request that takes no time
+    (all-zero coefficients: the clock would never advance), or a step at the config's largest shape that is not
+    finite, negative or longer than :data:`MAX_STEP_SECONDS` (coefficients such as 1e308)."""
+    from policies.step_time import predict_step_seconds
+
+    draft = speculative and config.proposer == "draft" and cost.has("draft", "decode")
+    k = config.k if speculative else 0
+    batch = min(config.max_num_seqs, 1024)
+    longest = min(config.max_prompt_len + config.max_output_len, 10 ** 7)
+    probes = {
+        "a decode step of one request": predict_step_seconds(cost, [1], [0], False),
+        f"a decode step of {batch} requests of {longest} tokens with k={k}":
+            predict_step_seconds(cost, [longest] * batch, [k] * batch, draft),
+        f"a prefill of {config.max_num_batched_tokens} tokens":
+            cost.prefill_time(1, config.max_num_batched_tokens),
+        "a prefill of 1 token": cost.prefill_time(1, 1),
+    }
+    for what, seconds in probes.items():
+        if not (math.isfinite(seconds) and 0 <= seconds <= MAX_STEP_SECONDS):
+            raise UserError(f"{flag} {cost.path}: predicts {seconds:g} s for {what}; a step must take a finite time "
+                            f"in [0, {MAX_STEP_SECONDS:g}] s (check the coefficients)")
+    if not probes["a decode step of one request"] > 0:
+        raise UserError(f"{flag} {cost.path}: predicts 0 s for a decode step of one request (all-zero "
+                        "coefficients?); simulated time would never advance")
+
+
 def run_simulation(config: SimConfig, workload: Workload | None = None) -> SimResult:
     """Run one simulation. ``workload`` overrides the one the config describes (e.g. the real engine's)."""
     wall = time.perf_counter()
@@ -70,9 +107,20 @@ def run_simulation(config: SimConfig, workload: Workload | None = None) -> SimRe
     if speculative and config.proposer == "draft" and not cost.has("draft", "decode"):
         raise UserError(f"--profile {config.profile}: has no draft decode costs; a draft-model proposer needs them "
                         "(use --proposer ngram or a profile with a draft)")
+    check_costs(config, cost, "--profile", speculative)
+    if config.policy_profile is not None:
+        check_costs(config, policy_cost, "--policy-profile", speculative)
+    watch = None
     if config.policy_file is not None:
-        load_policy_file(config.policy_file)
-    policy = make_policy(config.policy, config.k, dict(config.policy_params))
+        watch = Watch(config.policy_file)
+        with watch.armed():
+            user_names = watch.call("importing it", load_policy_file, config.policy_file)
+    if watch is not None and config.policy in user_names:
+        with watch.armed():
+            policy = guarded(config.policy_file, lambda: make_policy(config.policy, config.k,
+                                                                     dict(config.policy_params)), watch)
+    else:
+        policy = make_policy(config.policy, config.k, dict(config.policy_params))
     blocks = num_gpu_blocks(config, cost, speculative)
     spec = EngineSpec(
         max_num_seqs=config.max_num_seqs,
@@ -84,17 +132,25 @@ def run_simulation(config: SimConfig, workload: Workload | None = None) -> SimRe
         draft_proposer=config.proposer == "draft",
         ngram_match_prob=config.ngram_match_prob,
         speculative=speculative,
+        strict_fit=config.strict_fit,
     )
     recorder = Recorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens, config.save_steps)
     env = simpy.Environment()
     engine = SimulatedEngine(env, spec, workload, cost, policy, policy_cost, make_acceptance(config, acceptance_rng),
                            ngram_rng, recorder)
     engine.start()
-    env.run()
-    if recorder.finished != len(workload):
-        raise RuntimeError(f"{len(workload) - recorder.finished} requests never finished")
+    if watch is not None:
+        with watch.armed():
+            env.run()
+    else:
+        env.run()
+    ignored = np.flatnonzero(recorder.ignored)
+    if recorder.finished + ignored.size != len(workload):
+        raise RuntimeError(f"{len(workload) - recorder.finished - ignored.size} requests never finished")
     summary = summarize(recorder.columns(), recorder.acceptance_length())
     summary.update({
+        "ignored_requests": int(ignored.size),
+        "ignored_request_ids": ignored.tolist(),
         "policy": config.policy,
         "k": config.k,
         "profile": config.profile,
@@ -129,6 +185,17 @@ def _write_parquet(path: Path, frame: pd.DataFrame) -> None:
     atomic_write(path, lambda f: frame.to_parquet(f.buffer, engine="pyarrow", index=False))
 
 
+#: The files one run writes; a new run into the folder removes them all first (summary.json first of all).
+RESULT_FILES = ("summary.json", "config.json", "requests.csv", "requests.parquet", "steps.csv", "steps.parquet")
+
+
+def clear_result(out: Path) -> None:
+    """Remove an earlier run's files from ``out``, ``summary.json`` (the mark of a complete run) first, so that the
+    folder never shows an old summary beside new tables, nor a table of the other format."""
+    for name in RESULT_FILES:
+        (out / name).unlink(missing_ok=True)
+
+
 def write_result(result: SimResult, out_dir: str | Path, fmt: str = "auto") -> None:
     """Write ``config.json``, ``requests.<fmt>``, ``steps.<fmt>`` (if recorded) and, last, ``summary.json``.
 
@@ -138,6 +205,7 @@ def write_result(result: SimResult, out_dir: str | Path, fmt: str = "auto") -> N
     out = Path(out_dir)
     kind = table_format(fmt)
     write_table = write_csv if kind == "csv" else _write_parquet
+    clear_result(out)
     write_json(out / "config.json", result.config.to_dict())
     write_table(out / f"requests.{kind}", result.requests)
     if result.steps is not None:

@@ -70,9 +70,10 @@ class DecodeRuns:
         self.free_blocks -= int(grow[n - 1])
         self.blocks = np.maximum(blocks, need[n - 1]).tolist()
         self._advance(np.minimum(emitted[n - 1], left).tolist())
-        self.rec.decode(rid, proposed * n, accepted[:n].sum(axis=0), steps=n)
+        per_step = np.diff(np.minimum(emitted[:n], left), axis=0, prepend=0)  # tokens each step emitted
+        self.rec.decode(rid, proposed * n, np.minimum(accepted[:n], per_step).sum(axis=0), per_step.sum(axis=0),
+                        steps=n)
         if self.rec.keeps_steps:
-            per_step = np.diff(np.minimum(emitted[:n], left), axis=0, prepend=0)
             for j in range(n):
                 self.rec.step(clock[j], seconds[j], "decode", batch, 0, used_before + int(grow[j]),
                               len(self.waiting), proposed, accepted[j], per_step[j])

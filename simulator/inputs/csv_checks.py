@@ -30,11 +30,13 @@ def read_table(path: str, formats: dict[str, tuple[str, ...]]) -> tuple[str, dic
     """The first format whose columns the header has (names stripped of spaces), and those columns (at
     least one row). A row with fewer cells than the header has empty cells; one with more is refused."""
     require(Path(path).is_file(), f"{path}: file not found")
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
+    try:  # utf-8-sig: a byte-order mark (spreadsheets write one) is not part of the first column's name
+        with open(path, newline="", encoding="utf-8-sig") as f:
             rows = [row for row in csv.reader(f) if row]
     except (UnicodeDecodeError, csv.Error) as error:
         raise UserError(f"{path}: not a readable CSV file ({str(error).splitlines()[0]})") from None
+    except OSError as error:
+        raise UserError(f"{path}: cannot read the file ({error.strerror or error})") from None
     require(bool(rows), f"{path}: empty file, no header and no rows")
     header = [name.strip() for name in rows[0]]
     matching = [name for name, columns in formats.items() if set(columns) <= set(header)]
@@ -92,10 +94,17 @@ def _number(cell: str) -> float:
         return math.nan
 
 
-def whole_numbers(path: str, column: Column, minimum: int, unit: str = "") -> np.ndarray:
-    """The column as int64, each a whole number >= ``minimum`` (``unit`` names what is counted, for messages)."""
+#: Largest count a column of whole numbers may hold (a token count above a billion is a typo, and sums of such
+#: counts over millions of rows must stay far from int64's limit).
+MAX_COUNT = 1_000_000_000
+
+
+def whole_numbers(path: str, column: Column, minimum: int, unit: str = "", maximum: int = MAX_COUNT) -> np.ndarray:
+    """The column as int64, each a whole number in [``minimum``, ``maximum``] (``unit`` names what is counted, for
+    messages)."""
     values = finite_numbers(path, column)
     of_unit = f" of {unit}s" if unit else ""
     refuse_first(path, column, values != np.floor(values), f"must be a whole number{of_unit}")
     refuse_first(path, column, values < minimum, f"must be >= {minimum}{f' {unit}' if unit else ''}")
+    refuse_first(path, column, values > maximum, f"must be <= {maximum:,}{f' {unit}s' if unit else ''}")
     return values.astype(np.int64)

@@ -150,7 +150,11 @@ def _synthetic_arrivals(config: SimConfig, rng: np.random.Generator) -> np.ndarr
         while times[-1] < duration:
             drawn = np.concatenate([drawn, gaps(chunk)])
             times = np.cumsum(drawn)
-    return _cut_at_duration(times, duration)
+    times = _cut_at_duration(times, duration)
+    require(bool(times[-1] <= MAX_SECONDS),
+            f"config: rate={rate:g} puts the last of {len(times)} arrivals at {times[-1]:.3g} s, later than "
+            f"{MAX_SECONDS:g} s (the simulated clock's range); give a higher rate, fewer requests or a shorter duration")
+    return times
 
 
 def _cut_at_duration(times: np.ndarray, duration: float | None) -> np.ndarray:
@@ -205,6 +209,9 @@ def _replay(config: SimConfig) -> Workload:
                           f"the same arrival time (got rate={config.rate:g})")
         times = times * ((n - 1) / (config.rate * span))
         source += f" rate={config.rate:g}"
+    require(bool(times[-1] <= MAX_SECONDS),
+            f"{config.trace}: rescaled (rate={config.rate}, trace_speedup={config.trace_speedup}), the last arrival "
+            f"falls at {times[-1]:.3g} s, later than {MAX_SECONDS:g} s (the simulated clock's range)")
     times = _cut_at_duration(times, config.duration)
     kept = len(times)
     return Workload(times, trace.prompt_tokens[:kept], trace.output_tokens[:kept], source)
@@ -242,10 +249,17 @@ def _token_counts(path: str, column: Column) -> np.ndarray:
     return whole_numbers(path, column, 1, "token")
 
 
+#: Latest arrival time a workload may have, seconds (about 31 years): beyond it float64 seconds lose the
+#: microseconds a step is made of (at 1e20 s, adding a 10 ms step leaves the clock where it was).
+MAX_SECONDS = 1e9
+
+
 def _seconds(path: str, column: Column) -> np.ndarray:
-    """The column as float64 seconds, each finite and >= 0."""
+    """The column as float64 seconds, each finite and in [0, MAX_SECONDS]."""
     values = finite_numbers(path, column)
     refuse_first(path, column, values < 0, "must be >= 0 seconds")
+    refuse_first(path, column, values > MAX_SECONDS,
+                 f"must be <= {MAX_SECONDS:g} seconds from the start (times are seconds, not epoch timestamps)")
     return values
 
 

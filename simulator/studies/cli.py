@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 from policies.errors import UserError
 from simulator.config import SimConfig
-from simulator.studies.specs import (field_kind, parse_field_value, parse_floats, parse_grid, parse_policy_params,
-                                     parse_slo)
+from simulator.studies.specs import (field_kind, parse_field_value, parse_grid, parse_policy_list,
+                                     parse_policy_params, parse_rates, parse_seeds, parse_slo)
 
 EXIT_USER_ERROR = 2
 
@@ -79,10 +79,17 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from simulator.core.runner import run_simulation, write_result
 
+    from simulator.core.runner import table_format
+    from simulator.results import prepare_out_dir
+
     config = config_from_args(args)
-    result = run_simulation(config)
-    write_result(result, args.out, args.format)
+    table_format(args.format)
+    _, lock = prepare_out_dir(args.out)  # before simulating: a bad folder is found now, not after a long run
+    with lock:
+        result = run_simulation(config)
+        write_result(result, args.out, args.format)
     s = result.summary
+    warn_ignored(s, config)
     print(f"{s['requests']} requests, {s['steps']} steps, {s['simulated_seconds']:.1f} s simulated in "
           f"{s['wall_seconds']:.2f} s wall")
     print(f"mean latency {s['mean_latency']:.3f} s  p99 {s['p99_latency']:.3f} s  "
@@ -95,16 +102,29 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def warn_ignored(summary: dict[str, Any], config: SimConfig) -> None:
+    """One warning line on stderr when requests were ignored because they can never fit in the KV cache."""
+    n = summary.get("ignored_requests", 0)
+    if n:
+        ids = summary.get("ignored_request_ids", [])
+        shown = ", ".join(map(str, ids[:10])) + (", ..." if len(ids) > 10 else "")
+        print(f"warning: {n} of {summary['requests']} requests can never fit in the KV cache "
+              f"({summary['num_gpu_blocks']} blocks of {config.block_size} tokens) and were ignored, as vLLM does "
+              f"(ids {shown}; all in summary.json and the 'ignored' column; --strict-fit refuses them)",
+              file=sys.stderr)
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from simulator.studies.sweep import print_table, sweep_and_plot
 
-    rates = parse_floats("--rates", args.rates)
+    rates = parse_rates("--rates", args.rates)
     base = config_from_args(args, rate=rates[0])
-    seeds = [int(x) for x in parse_floats("--seeds", args.seeds)]
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    summary, figures = sweep_and_plot(base, policies, rates, seeds, parse_grid(args.grid or []), args.out,
+    seeds = parse_seeds("--seeds", args.seeds)
+    policies = parse_policy_list("--policies", args.policies)
+    grid = parse_grid(args.grid or [])
+    summary, figures = sweep_and_plot(base, policies, rates, seeds, grid, args.out,
                                       args.workers, args.cluster, args.cluster_flag, args.quiet)
-    print_table(summary)
+    print_table(summary, axes=list(grid))
     print(f"summary: {Path(args.out) / 'summary.csv'}")
     for f in figures:
         print(f"figure: {f}")
@@ -120,18 +140,54 @@ def cmd_plot(args: argparse.Namespace) -> int:
     path = out / "summary.csv"
     if not path.is_file():
         raise UserError(f"plot: {path} not found (run a sweep into {out} first)")
-    summary = pd.read_csv(path)
+    summary = _read_result_csv(path, plots.SUMMARY_COLUMNS)
+    steps_path = out / "steps_adaptive.csv"
+    steps = _read_result_csv(steps_path, plots.STEPS_COLUMNS) if steps_path.is_file() else None
+    _writable_dir(out)
     figures = [plots.plot_latency_vs_rate(summary, out / "latency_vs_rate.png")]
     if "no-spec" in set(summary["policy"]):
         figures.append(plots.plot_speedup(summary, out / "speedup.png"))
-    steps_path = out / "steps_adaptive.csv"
-    if steps_path.is_file():
-        steps = pd.read_csv(steps_path)
+    if steps is not None:
         label = f"{steps['policy'].iloc[0]} at {steps['rate'].iloc[0]:g} req/s"
         figures.append(plots.plot_k_over_time(steps, out / "k_over_time.png", label))
     for f in figures:
         print(f"figure: {f}")
     return 0
+
+
+def _read_result_csv(path: Path, required: dict[str, str]) -> Any:
+    """A results CSV written by a sweep, checked: readable, at least one row, the ``required`` columns (name ->
+    ``number`` or ``text``) present, numbers finite where they must be; else one line naming the file."""
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise UserError(f"plot: {path}: empty file (an interrupted or foreign file; rerun the sweep)") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"plot: {path}: not a readable CSV file ({str(exc).splitlines()[0]})") from None
+    except OSError as exc:
+        raise UserError(f"plot: {path}: cannot read the file ({exc.strerror or exc})") from None
+    if frame.empty:
+        raise UserError(f"plot: {path}: no rows (rerun the sweep)")
+    for column, kind in required.items():
+        if column not in frame.columns:
+            raise UserError(f"plot: {path}: missing column {column!r} (not a specsim sweep's file?)")
+        if kind == "number":
+            values = pd.to_numeric(frame[column], errors="coerce")
+            bad = values.isna() & frame[column].notna() | ~values.abs().lt(float("inf")) & values.notna()
+            if bad.any():
+                i = int(bad.to_numpy().argmax())
+                raise UserError(f"plot: {path}: line {i + 2}: {column} must be a finite number "
+                                f"(got {frame[column].iloc[i]!r})")
+            frame[column] = values
+    return frame
+
+
+def _writable_dir(out: Path) -> Path:
+    from simulator.results import check_out_dir
+
+    return check_out_dir(out, "plot")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -142,10 +198,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     slo = parse_slo(args.slo)
     if not args.policy:
         raise UserError("tune: --policy is required (e.g. --policy goodput)")
-    rates = parse_floats("--rates", args.rates)
+    rates = parse_rates("--rates", args.rates)
     base = config_from_args(args, rate=rates[0])
     specs = tune.candidate_specs(args.policy, tune.search_space(args.param, args.policy))
-    seeds = [int(x) for x in parse_floats("--seeds", args.seeds)]
+    seeds = parse_seeds("--seeds", args.seeds)
     summary, _ = sweep_and_plot(base, specs, rates, seeds, {}, args.out, args.workers, args.cluster, args.cluster_flag,
                                 args.quiet)
     table = tune.analyse(summary, slo)
@@ -256,6 +312,11 @@ def run_command(command: Callable[[], int]) -> int:
         return command()
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as exc:  # a file the user named that cannot be read or written: one line, not a traceback
+        if exc.filename is None:
+            raise
+        print(f"error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

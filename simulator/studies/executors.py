@@ -1,6 +1,7 @@
 """Executors: where a sweep's cells run. One interface, ``map_unordered(fn, items)``, two implementations.
 
-- :class:`LocalExecutor` — worker processes on this machine (``--workers N``; 1 runs in this process).
+- :class:`LocalExecutor` — worker processes on this machine (``--workers N``; 1 runs in this process); they die
+  with the sweep's process, however it dies (:func:`die_with_parent`).
 - :class:`DaskExecutor` — an existing Dask distributed cluster (``--cluster tcp://HOST:8786``, or the same address
   given as ``--scheduler``; the ``dist`` extra). Each item is one ``client.submit``; results come back with
   ``as_completed``.
@@ -53,7 +54,7 @@ class LocalExecutor:
         if self.workers == 1:
             yield from (fn(item) for item in items)
             return
-        pool = ProcessPoolExecutor(max_workers=self.workers)
+        pool = ProcessPoolExecutor(max_workers=self.workers, initializer=die_with_parent, initargs=(os.getpid(),))
         try:
             for future in as_completed([pool.submit(fn, item) for item in items]):
                 yield future.result()
@@ -107,6 +108,25 @@ class DaskExecutor:
                 yield future.result()
         finally:
             self.client.cancel(futures)
+
+
+def die_with_parent(parent: int) -> None:
+    """In a worker process: ask the kernel to kill this process when its parent dies, however it dies (SIGTERM,
+    SIGKILL by the OOM killer), so no worker outlives the sweep (Linux ``prctl(PR_SET_PDEATHSIG)``; elsewhere a
+    no-op). A parent already gone by now: exit at once."""
+    import signal
+    import sys
+
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def default_workers() -> int:

@@ -17,17 +17,51 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 STATIC = ("no-spec", "fixed-k")
+#: Columns ``plot DIR`` needs in a sweep's summary.csv and steps_adaptive.csv (name -> number or text).
+SUMMARY_COLUMNS = {"policy": "text", "policy_name": "text", "rate": "number", "mean_norm_latency": "number",
+                   "p99_norm_latency": "number", "mean_latency": "number"}
+STEPS_COLUMNS = {"policy": "text", "rate": "number", "start_time": "number", "k_max": "number",
+                 "batch_size": "number", "kind": "text"}
+#: Label columns that are not grid axes.
+_NOT_AXES = {"policy", "rate", "seed", "k", "policy_name"}
 
 
-def mean_over_seeds(summary: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    """One row per (policy, rate): the mean over seeds of ``columns``."""
-    return summary.groupby(["policy", "rate"], sort=True)[columns].mean().reset_index()
+def grid_axes(summary: pd.DataFrame) -> list[str]:
+    """The grid-axis columns of a sweep's summary: columns named after a config field (or ``config_<field>``) that
+    are neither the fixed labels nor summary figures, in column order."""
+    from dataclasses import fields
+
+    from simulator.config import SimConfig
+    from simulator.studies.sweep import summary_names
+
+    known = {f.name for f in fields(SimConfig)} - _NOT_AXES
+    return [c for c in summary.columns
+            if (c.startswith("config_") and c[len("config_"):] in known) or (c in known and c not in summary_names())]
 
 
-def best_static(summary: pd.DataFrame, column: str) -> pd.Series:
+def _with_series(summary: pd.DataFrame, axes: list[str] | None) -> pd.DataFrame:
+    """``summary`` with a ``series`` column: the policy spec, and the grid axes' values when there are any, so that
+    each line of a figure is one policy at one point of every other axis (nothing averaged away but seeds)."""
+    axes = grid_axes(summary) if axes is None else axes
+    frame = summary.copy()
+    series = frame["policy"].astype(str)
+    for axis in axes:
+        name = axis[len("config_"):] if axis.startswith("config_") else axis
+        series = series + f" {name}=" + frame[axis].astype(str)
+    frame["series"] = series
+    frame["axes_key"] = frame[axes].astype(str).agg(" ".join, axis=1) if axes else ""
+    return frame
+
+
+def mean_over_seeds(summary: pd.DataFrame, columns: list[str], by: str = "policy") -> pd.DataFrame:
+    """One row per (``by``, rate): the mean over seeds of ``columns``."""
+    return summary.groupby([by, "rate"], sort=True, dropna=False)[columns].mean().reset_index()
+
+
+def best_static(summary: pd.DataFrame, column: str, by: str = "policy") -> pd.Series:
     """Per rate, the lowest ``column`` among static policies (no-spec and fixed k), seeds averaged."""
     static = summary[summary["policy_name"].isin(STATIC)]
-    return mean_over_seeds(static, [column]).groupby("rate")[column].min()
+    return mean_over_seeds(static, [column], by).groupby("rate")[column].min()
 
 
 def _title(summary: pd.DataFrame) -> str:
@@ -47,15 +81,20 @@ def save_figure(fig, path: str | Path) -> str:
     return str(path)
 
 
-def plot_latency_vs_rate(summary: pd.DataFrame, path: str | Path) -> str:
+def plot_latency_vs_rate(summary: pd.DataFrame, path: str | Path, grid: list[str] | None = None) -> str:
+    """``grid``: the grid-axis columns (None: found in the summary); one line per policy and axis values."""
     cols = ["mean_norm_latency", "p99_norm_latency"]
-    data = mean_over_seeds(summary, cols)
+    frame = _with_series(summary, grid)
+    data = mean_over_seeds(frame, cols, "series")
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, col in zip(axes, cols):
-        for policy, group in data.groupby("policy", sort=False):
+        for policy, group in data.groupby("series", sort=False):
             ax.plot(group["rate"], group[col] * 1e3, marker="o", ms=3, label=policy)
-        envelope = best_static(summary, col)
-        ax.plot(envelope.index, envelope.to_numpy() * 1e3, "k--", lw=1.2, label="best static choice")
+        for key, part in frame.groupby("axes_key", sort=False):
+            envelope = best_static(part, col, "series")
+            if len(envelope):
+                ax.plot(envelope.index, envelope.to_numpy() * 1e3, "k--", lw=1.2,
+                        label="best static choice" + (f" ({key})" if key else ""))
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel(f"{col.split('_')[0]} normalised latency (ms/token)")
         ax.set_yscale("log")
@@ -65,13 +104,20 @@ def plot_latency_vs_rate(summary: pd.DataFrame, path: str | Path) -> str:
     return save_figure(fig, path)
 
 
-def plot_speedup(summary: pd.DataFrame, path: str | Path) -> str:
-    data = mean_over_seeds(summary, ["mean_latency"])
-    base = data[data["policy"] == "no-spec"].set_index("rate")["mean_latency"]
+def plot_speedup(summary: pd.DataFrame, path: str | Path, grid: list[str] | None = None) -> str:
+    """Speedup over no-spec at the same rate and the same values of every grid axis."""
+    frame = _with_series(summary, grid)
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for policy, group in data.groupby("policy", sort=False):
-        g = group.set_index("rate")
-        ax.plot(g.index, base.reindex(g.index) / g["mean_latency"], marker="o", ms=3, label=policy)
+    for _, part in frame.groupby("axes_key", sort=False):
+        data = mean_over_seeds(part, ["mean_latency"], "series")
+        names = part.drop_duplicates("series").set_index("series")["policy"]
+        data["policy"] = data["series"].map(names)
+        base = data[data["policy"] == "no-spec"].set_index("rate")["mean_latency"]
+        if base.empty:
+            continue
+        for policy, group in data.groupby("series", sort=False):
+            g = group.set_index("rate")
+            ax.plot(g.index, base.reindex(g.index) / g["mean_latency"], marker="o", ms=3, label=policy)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("speedup of mean latency over no-spec")

@@ -14,6 +14,7 @@ Every parser stops bad input with one :class:`policies.errors.UserError` line na
 from __future__ import annotations
 
 import functools
+import math
 import operator
 import re
 import types
@@ -26,7 +27,7 @@ from simulator.config import SimConfig
 from simulator.metrics import DERIVED_COLUMNS
 
 __all__ = ["Slo", "SLO_METRICS", "number_or_text", "parse_field_value", "parse_floats", "parse_grid",
-           "parse_policy_params", "parse_policy_spec", "parse_slo", "parse_space", "field_kind"]
+           "parse_policy_list", "parse_rates", "parse_seeds", "parse_policy_params", "parse_policy_spec", "parse_slo", "parse_space", "field_kind"]
 
 
 # -- config field values ---------------------------------------------------------------------------
@@ -67,7 +68,8 @@ def parse_field_value(name: str, text: str) -> Any:
 
 
 def number_or_text(raw: str) -> Any:
-    """``"3"`` -> 3, ``"1.2"`` -> 1.2, anything else unchanged."""
+    """``"3"`` -> 3, ``"1.2"`` -> 1.2, anything else unchanged (``nan`` and ``inf`` are numbers, refused by the
+    config's checks as not finite)."""
     for cast in (int, float):
         try:
             return cast(raw)
@@ -77,14 +79,59 @@ def number_or_text(raw: str) -> Any:
 
 
 def parse_floats(flag: str, text: str) -> list[float]:
-    """``"0.5,1,2"`` -> [0.5, 1.0, 2.0]; at least one value."""
+    """``"0.5,1,2"`` -> [0.5, 1.0, 2.0]; at least one value, each a finite number."""
     try:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise UserError(f"{flag}: expected comma-separated numbers, got {text!r}") from None
     if not values:
         raise UserError(f"{flag}: no values given")
+    for v in values:
+        if not math.isfinite(v) or abs(v) > 1e12:
+            raise UserError(f"{flag}: every value must be a finite number (at most 1e12), got {v!r} in {text!r}")
     return values
+
+
+def parse_rates(flag: str, text: str) -> list[float]:
+    """Request rates: finite numbers > 0, no repeats."""
+    rates = parse_floats(flag, text)
+    for rate in rates:
+        if rate <= 0:
+            raise UserError(f"{flag}: every rate must be > 0, got {rate:g}")
+    if len(set(rates)) != len(rates):
+        raise UserError(f"{flag}: a rate is given twice in {text!r}")
+    return rates
+
+
+def parse_seeds(flag: str, text: str) -> list[int]:
+    """``"0,1,2"`` -> [0, 1, 2]: whole numbers >= 0, no repeats (``0.5`` or ``nan`` is refused, not rounded)."""
+    items = [x.strip() for x in (text or "").split(",") if x.strip()]
+    if not items:
+        raise UserError(f"{flag}: no values given")
+    seeds = []
+    for item in items:
+        try:
+            seed = int(item)
+        except ValueError:
+            raise UserError(f"{flag}: every seed must be a whole number >= 0, got {item!r}") from None
+        if seed < 0 or seed >= 2 ** 63:
+            raise UserError(f"{flag}: every seed must be a whole number in [0, 2^63), got {item!r}")
+        seeds.append(seed)
+    if len(set(seeds)) != len(seeds):
+        raise UserError(f"{flag}: a seed is given twice in {text!r}")
+    return seeds
+
+
+def parse_policy_list(flag: str, text: str) -> list[str]:
+    """``"no-spec,fixed-k:3"`` -> the specs, each checked (:func:`parse_policy_spec`); at least one, no repeats."""
+    specs = [p.strip() for p in (text or "").split(",") if p.strip()]
+    if not specs:
+        raise UserError(f"{flag}: no policy given (got {text!r}); e.g. no-spec,fixed-k:3,goodput")
+    for spec in specs:
+        parse_policy_spec(spec)
+    if len(set(specs)) != len(specs):
+        raise UserError(f"{flag}: a policy is given twice in {text!r}")
+    return specs
 
 
 # -- policies --------------------------------------------------------------------------------------
@@ -129,7 +176,11 @@ def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
             raise UserError(f"--grid: unknown config field {name!r}")
         if name in ("rate", "policy", "seed", "k"):
             raise UserError(f"--grid: {name} has its own flag (--rates, --policies, --seeds)")
-        grid[name] = [parse_field_value(name, v) for v in values.split(",")]
+        if name in grid:
+            raise UserError(f"--grid: {name} is given twice")
+        grid[name] = [parse_field_value(name, v.strip()) for v in values.split(",")]
+        if len({repr(v) for v in grid[name]}) != len(grid[name]):
+            raise UserError(f"--grid: {name} lists a value twice ({values!r})")
     return grid
 
 
@@ -166,6 +217,8 @@ def parse_slo(text: str) -> Slo:
         bound = float(raw)
     except ValueError:
         raise UserError(f"--slo: bound is not a number: {raw!r}") from None
+    if not math.isfinite(bound):
+        raise UserError(f"--slo: bound must be a finite number, got {raw!r}")
     return Slo(metric, op, bound)
 
 

@@ -1,22 +1,33 @@
 """Sweeps: a grid of independent runs (rate x policy x seed x any config field) run in parallel.
 
-Each cell is one resolved :class:`SimConfig`, keyed by :func:`config_hash`. The cells run on an executor
-(:mod:`simulator.studies.executors`: local worker processes or a Dask cluster). A finished cell is written at
-once and atomically to ``DIR/runs/<hash>.json`` (its summary row), so a sweep killed half-way and started
-again runs only the missing cells. ``DIR/summary.csv`` (one row per cell, tidy) is rebuilt from those
-files and written atomically when the grid is done; a sweep that has cells left to run deletes an older
-``summary.csv`` before it starts, so the file exists only when it describes a finished grid: a sweep
-killed half-way leaves ``runs/`` and no summary.
+Each cell is one resolved :class:`SimConfig`, keyed (:attr:`Cell.key`) by the config, the *content* of every input
+file it names (profile and its metadata, policy profile, trace, length file, acceptance trace, policy file) and the
+code version (a hash of the simulator's and the policies' source files): editing a profile in place, or the code,
+makes new cells, never a stale answer. The cells run on an executor (:mod:`simulator.studies.executors`: local
+worker processes, which die with the sweep, or a Dask cluster). A finished cell is written at once and atomically
+to ``DIR/runs/<key>.json`` (its summary row), so a sweep killed half-way and started again runs only the missing
+cells, and says how many it reused; a runs file that is empty, corrupt or of another cell is run again.
+``DIR/summary.csv`` (one row per cell, tidy) is rebuilt from those files and written atomically when the grid is
+done; a sweep that has cells left to run deletes an older ``summary.csv`` before it starts, so the file exists only
+when it describes a finished grid. The folder is locked while a sweep writes into it (a second sweep into it is
+refused), and temporary files a killed sweep left are removed.
+
+Columns: the labels (``policy`` as given, ``rate``, ``seed``, then one column per ``--grid`` axis named after its
+field), then the summary figures. A grid axis whose field shares its name with a summary figure (``acceptance_rate``,
+the measured one) is named ``config_<field>`` (``config_acceptance_rate``): a config value and a measured figure
+never share a column. Tables and figures keep every axis (:func:`print_table`, :mod:`simulator.studies.plots`).
 
 Policy specs: ``name`` or ``name:k`` (``fixed-k:3`` is fixed-k with k = 3; ``goodput`` uses the base k as
 K_max; parsed by :mod:`simulator.studies.specs`). The ``policy`` column holds the spec as given, so each line of
-a figure is one spec.
+a figure is one spec (and one combination of the grid axes).
 
 :func:`sweep_and_plot` is the study the ``sweep``, ``tune`` and ``demo`` commands share: the grid, its summary and
 its figures.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import itertools
 import json
 import sys
@@ -24,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pandas as pd
 
 from simulator.config import SimConfig, config_hash
@@ -35,16 +47,78 @@ from simulator.studies.specs import parse_policy_spec
 __all__ = ["Cell", "build_cells", "print_table", "progress_bar", "run_cell", "run_sweep", "sweep_and_plot"]
 
 
+#: Config fields naming input files, and the flag of each (for messages).
+INPUT_FILES = {"profile": "--profile", "policy_profile": "--policy-profile", "trace": "--trace",
+               "length_file": "--length-file", "acceptance_trace": "--acceptance-trace", "policy_file": "--policy-file"}
+
+
+@functools.cache
+def code_version() -> str:
+    """A hash of the simulator's and the policies' source files (what a cell's result depends on)."""
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256()
+    for package in ("simulator", "policies"):
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _file_digest(path: str, flag: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except IsADirectoryError:
+        raise UserError(f"{flag} {path}: is a folder, not a file") from None
+    except FileNotFoundError:
+        raise UserError(f"{flag} {path}: file not found") from None
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: cannot read the file ({exc.strerror or exc})") from None
+
+
+def input_digests(config: SimConfig) -> dict[str, str]:
+    """The content hash of every input file ``config`` names (a profile CSV with its ``.meta.json``)."""
+    out = {}
+    for name, flag in INPUT_FILES.items():
+        path = getattr(config, name)
+        if path is None:
+            continue
+        out[name] = _file_digest(path, flag)
+        if name in ("profile", "policy_profile") and Path(path).suffix.lower() == ".csv":
+            meta = Path(path).with_name(Path(path).stem + ".meta.json")
+            out[name + "_meta"] = _file_digest(str(meta), flag) if meta.is_file() else ""
+    return out
+
+
+def cell_key(config: SimConfig, digests: dict[str, str] | None = None) -> str:
+    """The key of a cell: config, input file contents and code version (16 hex digits)."""
+    blob = json.dumps({"config": config.to_dict(), "inputs": input_digests(config) if digests is None else digests,
+                       "code": code_version()}, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class Cell:
-    """One run of a sweep: its labels (policy spec, rate, seed, grid values) and its resolved config."""
+    """One run of a sweep: its labels (policy spec, rate, seed, grid values), its resolved config and its key
+    (:func:`cell_key`; computed once, when the cell is built)."""
 
     labels: tuple[tuple[str, Any], ...]
     config: SimConfig
+    key: str = ""
 
-    @property
-    def key(self) -> str:
-        return config_hash(self.config)
+
+@functools.cache
+def summary_names() -> frozenset[str]:
+    """Every name a run's summary may hold (to keep config columns apart from them)."""
+    from simulator.core.runner import SUMMARY_KEYS
+    from simulator.metrics import DERIVED_COLUMNS, REQUEST_COLUMNS, summarize
+
+    dummy = {c: np.ones(1) for c in REQUEST_COLUMNS + DERIVED_COLUMNS}
+    return frozenset(summarize(dummy)) | frozenset(SUMMARY_KEYS)
+
+
+def axis_column(field: str) -> str:
+    """The summary column of grid axis ``field``: its name, or ``config_<field>`` when a summary figure has it."""
+    return f"config_{field}" if field in summary_names() else field
 
 
 def build_cells(base: SimConfig, rates: list[float], policies: list[str], seeds: list[int],
@@ -53,6 +127,7 @@ def build_cells(base: SimConfig, rates: list[float], policies: list[str], seeds:
     grid = grid or {}
     axes = list(grid)
     cells = []
+    digests: dict[tuple, dict[str, str]] = {}
     for rate, spec, seed, *values in itertools.product(rates, policies, seeds, *(grid[a] for a in axes)):
         name, k, params = parse_policy_spec(spec)
         changes = dict(zip(axes, values))
@@ -61,8 +136,12 @@ def build_cells(base: SimConfig, rates: list[float], policies: list[str], seeds:
             changes["k"] = k
         if params:
             changes["policy_params"] = base.policy_params + params
-        labels = (("policy", spec), ("rate", rate), ("seed", seed), *zip(axes, values))
-        cells.append(Cell(labels, base.replace(**changes)))
+        labels = (("policy", spec), ("rate", rate), ("seed", seed), *zip(map(axis_column, axes), values))
+        config = base.replace(**changes)
+        files = tuple(getattr(config, name) for name in INPUT_FILES)
+        if files not in digests:
+            digests[files] = input_digests(config)
+        cells.append(Cell(labels, config, cell_key(config, digests[files])))
     return cells
 
 
@@ -72,10 +151,30 @@ def run_cell(cell: Cell) -> dict[str, Any]:
 
     summary = run_simulation(cell.config).summary
     row = dict(cell.labels)
-    row.update({k: v for k, v in summary.items() if k not in row and k != "policy"})
+    row.update({k: v for k, v in summary.items() if k not in row and k not in ("policy", "ignored_request_ids")})
     row["policy_name"] = cell.config.policy
-    row["config_hash"] = cell.key
+    row["config_hash"] = config_hash(cell.config)
+    row["cell_key"] = cell.key
     return row
+
+
+def read_done(path: Path, cell: Cell) -> dict[str, Any] | None:
+    """The row of ``cell`` saved at ``path``, or None when the file is missing, empty, corrupt or another cell's
+    (such a file is removed, and the cell runs again)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read a finished cell ({exc.strerror or exc})") from None
+    try:
+        row = json.loads(text)
+    except ValueError:
+        row = None
+    if isinstance(row, dict) and row.get("cell_key") == cell.key and "mean_latency" in row:
+        return row
+    path.unlink(missing_ok=True)
+    return None
 
 
 def run_sweep(cells: list[Cell], out_dir: str | Path, executor: Executor,
@@ -90,19 +189,24 @@ def run_sweep(cells: list[Cell], out_dir: str | Path, executor: Executor,
     out = Path(out_dir)
     runs = out / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    done = {p.stem for p in runs.glob("*.json")}
-    todo = [c for c in cells if c.key not in done]
+    rows: dict[str, dict[str, Any]] = {}
+    for cell in cells:
+        row = read_done(runs / f"{cell.key}.json", cell)
+        if row is not None:
+            rows[cell.key] = row
+    todo = [c for c in cells if c.key not in rows]
     finished = len(cells) - len(todo)
     if todo:
         (out / "summary.csv").unlink(missing_ok=True)
     if progress:
         progress(finished, len(cells))
     for row in executor.map_unordered(run_cell, todo):
-        write_json(runs / f"{row['config_hash']}.json", row)
+        write_json(runs / f"{row['cell_key']}.json", row)
+        rows[row["cell_key"]] = row
         finished += 1
         if progress:
             progress(finished, len(cells))
-    frame = pd.DataFrame([json.loads((runs / f"{cell.key}.json").read_text()) for cell in cells])
+    frame = pd.DataFrame([rows[cell.key] for cell in cells])
     write_csv(out / "summary.csv", frame)
     return frame
 
@@ -121,7 +225,9 @@ def progress_bar(quiet: bool) -> Callable[[int, int], None] | None:
         nonlocal bar
         if bar is None:
             if done:
-                print(f"{done} of {total} cells already done; running the other {total - done}", file=sys.stderr)
+                print(f"{done} of {total} cells already done; running the other {total - done}\n"
+                      f"reused {done} cells from runs/: same config, input file contents and code version",
+                      file=sys.stderr)
             bar = tqdm(total=total, initial=done, unit="run", desc="sweep", file=sys.stderr,
                        disable=not sys.stderr.isatty())
         else:
@@ -137,19 +243,55 @@ def sweep_and_plot(base: SimConfig, policies: list[str], rates: list[float], see
                    cluster_flag: str = "--cluster", quiet: bool = False) -> tuple[pd.DataFrame, list[str]]:
     """Run the sweep grid into ``out_dir`` (on ``workers`` local processes, or the Dask scheduler at ``cluster``,
     which ``cluster_flag`` named) and draw its figures; return (summary, figure paths)."""
+    from simulator.results import prepare_out_dir
+
+    for rate in rates:
+        if not rate > 0:
+            raise UserError(f"--rates: every rate must be > 0, got {rate:g}")
+    if not policies:
+        raise UserError("--policies: no policy given")
+    cells = build_cells(base, rates, policies, seeds, grid)
+    check_policies(cells)
+    out, lock = prepare_out_dir(out_dir)
+    with lock:
+        with make_executor(workers, cluster, cluster_flag) as executor:
+            summary = run_sweep(cells, out, executor, progress_bar(quiet))
+        figures = _figures(base, policies, rates, seeds, summary, out, [axis_column(a) for a in grid])
+    return summary, figures
+
+
+def check_policies(cells: list[Cell]) -> None:
+    """Every policy spec of the grid names a known policy with valid parameters (a user's policy file loaded
+    first): a bad spec stops the sweep before any cell runs, not in a worker half-way."""
+    from policies.registry import load_policy_file, make_policy
+    from simulator.core.user_policy import Watch
+
+    seen, loaded = set(), set()
+    for cell in cells:
+        c = cell.config
+        key = (c.policy, c.k, c.policy_params, c.policy_file)
+        if key in seen:
+            continue
+        seen.add(key)
+        if c.policy_file is None:
+            make_policy(c.policy, c.k, dict(c.policy_params))
+            continue
+        watch = Watch(c.policy_file)
+        with watch.armed():
+            if c.policy_file not in loaded:
+                loaded.add(c.policy_file)
+                watch.call("importing it", load_policy_file, c.policy_file)
+            watch.call(f"policy {c.policy}: the constructor", make_policy, c.policy, c.k, dict(c.policy_params))
+
+
+def _figures(base: SimConfig, policies: list[str], rates: list[float], seeds: list[int], summary: pd.DataFrame,
+             out: Path, axes: list[str]) -> list[str]:
     from simulator.core.runner import run_simulation
     from simulator.studies import plots
 
-    for rate in rates:
-        if rate <= 0:
-            raise UserError(f"--rates: every rate must be > 0, got {rate:g}")
-    cells = build_cells(base, rates, policies, seeds, grid)
-    with make_executor(workers, cluster, cluster_flag) as executor:
-        summary = run_sweep(cells, out_dir, executor, progress_bar(quiet))
-    out = Path(out_dir)
-    figures = [plots.plot_latency_vs_rate(summary, out / "latency_vs_rate.png")]
+    figures = [plots.plot_latency_vs_rate(summary, out / "latency_vs_rate.png", axes)]
     if "no-spec" in set(summary["policy"]):
-        figures.append(plots.plot_speedup(summary, out / "speedup.png"))
+        figures.append(plots.plot_speedup(summary, out / "speedup.png", axes))
     # the k-over-time figure follows goodput if the sweep has it, else the first other non-static policy
     adaptive = sorted((p for p in policies if parse_policy_spec(p)[0] not in plots.STATIC),
                       key=lambda p: parse_policy_spec(p)[0] != "goodput")
@@ -161,11 +303,16 @@ def sweep_and_plot(base: SimConfig, policies: list[str], rates: list[float], see
         steps = run_simulation(config).steps
         write_csv(out / "steps_adaptive.csv", steps.assign(policy=adaptive[0], rate=rate))
         figures.append(plots.plot_k_over_time(steps, out / "k_over_time.png", f"{adaptive[0]} at {rate:g} req/s"))
-    return summary, figures
+    return figures
 
 
-def print_table(summary: pd.DataFrame, column: str = "mean_latency") -> None:
-    """Rates down, policies across: ``column`` averaged over seeds."""
-    table = summary.groupby(["rate", "policy"], sort=False)[column].mean().unstack("policy")
-    print(f"{column} (s), seeds averaged; rows: request rate (req/s)")
+def print_table(summary: pd.DataFrame, column: str = "mean_latency", axes: list[str] | None = None) -> None:
+    """Rates (and every grid axis) down, policies across: ``column`` averaged over seeds only. ``axes``: the grid
+    fields (or their columns); None: found in the summary's columns (:func:`plots.grid_axes`)."""
+    from simulator.studies.plots import grid_axes
+
+    axes = grid_axes(summary) if axes is None else [a if a in summary.columns else axis_column(a) for a in axes]
+    table = summary.groupby(["rate", *axes, "policy"], sort=False, dropna=False)[column].mean().unstack("policy")
+    rows = ", ".join(["request rate (req/s)", *axes])
+    print(f"{column} (s), seeds averaged; rows: {rows}")
     print(table.to_string(float_format=lambda v: f"{v:9.3f}"))
