@@ -28,9 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
 
 REQUEST_COLUMNS = ["request_id", "arrival_time", "first_token_time", "finish_time", "prompt_tokens",
-                   "output_tokens", "proposed_tokens", "accepted_tokens", "preemptions"]
-#: Columns only the simulator's table has, after :data:`REQUEST_COLUMNS`.
-SIM_REQUEST_COLUMNS = ["ignored"]
+                   "output_tokens", "proposed_tokens", "accepted_tokens", "preemptions", "ignored"]
 DERIVED_COLUMNS = ["ttft", "tpot", "latency", "norm_latency"]
 STEP_COLUMNS = ["start_time", "seconds", "kind", "batch_size", "prefill_tokens", "k_max", "proposed",
                 "accepted", "emitted", "kv_blocks_used", "num_waiting"]

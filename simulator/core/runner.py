@@ -10,6 +10,7 @@ import functools
 import importlib.util
 import math
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +60,15 @@ def is_speculative(config: SimConfig) -> bool:
     return protocol.is_speculative(config.policy, config.k)
 
 
+def profile_method(path: str, method: str) -> str:
+    """How the profile's seconds were obtained, for summaries and figures: the cost model's method, but
+    ``unknown`` for a profile CSV without its metadata file (nothing says it was measured)."""
+    p = Path(path)
+    if p.suffix.lower() == ".csv" and not p.with_name(p.stem + ".meta.json").is_file():
+        return "unknown"
+    return method
+
+
 #: What a run adds to :func:`simulator.metrics.summarize`'s figures in its summary.
 SUMMARY_KEYS = ("ignored_requests", "ignored_request_ids", "policy", "k", "profile", "profile_method",
                 "num_gpu_blocks", "steps", "workload", "config_hash", "wall_seconds")
@@ -77,14 +87,16 @@ def check_costs(config: SimConfig, cost: Any, flag: str, speculative: bool) -> N
     k = config.k if speculative else 0
     batch = min(config.max_num_seqs, 1024)
     longest = min(config.max_prompt_len + config.max_output_len, 10 ** 7)
-    probes = {
-        "a decode step of one request": predict_step_seconds(cost, [1], [0], False),
-        f"a decode step of {batch} requests of {longest} tokens with k={k}":
-            predict_step_seconds(cost, [longest] * batch, [k] * batch, draft),
-        f"a prefill of {config.max_num_batched_tokens} tokens":
-            cost.prefill_time(1, config.max_num_batched_tokens),
-        "a prefill of 1 token": cost.prefill_time(1, 1),
-    }
+    with warnings.catch_warnings():  # probing past a measured grid is not the run's own extrapolation
+        warnings.simplefilter("ignore")
+        probes = {
+            "a decode step of one request": predict_step_seconds(cost, [1], [0], False),
+            f"a decode step of {batch} requests of {longest} tokens with k={k}":
+                predict_step_seconds(cost, [longest] * batch, [k] * batch, draft),
+            f"a prefill of {config.max_num_batched_tokens} tokens":
+                cost.prefill_time(1, config.max_num_batched_tokens),
+            "a prefill of 1 token": cost.prefill_time(1, 1),
+        }
     for what, seconds in probes.items():
         if not (math.isfinite(seconds) and 0 <= seconds <= MAX_STEP_SECONDS):
             raise UserError(f"{flag} {cost.path}: predicts {seconds:g} s for {what}; a step must take a finite time "
@@ -154,7 +166,7 @@ def run_simulation(config: SimConfig, workload: Workload | None = None) -> SimRe
         "policy": config.policy,
         "k": config.k,
         "profile": config.profile,
-        "profile_method": cost.method,
+        "profile_method": profile_method(config.profile, cost.method),
         "num_gpu_blocks": blocks,
         "steps": recorder.num_steps,
         "workload": workload.source,

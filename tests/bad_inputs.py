@@ -1,0 +1,319 @@
+"""Families of bad input, as a hostile tester would give them: each case builds its files in a folder and returns
+the command line; it must end with exit status 2 and one line naming the input and the problem (``error``), or
+is a documented acceptance (``ok``: exit 0, checked by the tests).
+
+Used by ``tests/test_bad_inputs.py`` (in process, fast) and as a script that runs every case as a real process
+against a checkout and prints how each one ends (the before/after table of issue 11)::
+
+    python -m tests.bad_inputs [REPO_ROOT] > table.md
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+COST = {
+    "target": {"base": 0.01, "per_batched_token": 1e-5, "per_context_token": 1e-8},
+    "draft": {"base": 0.001, "per_batched_token": 0.0, "per_context_token": 0.0},
+    "prefill": {"base": 0.005, "per_prompt_token": 1e-5},
+    "overhead": {"base": 0.001},
+    "method": "hand-written",
+    "memory": {"device_memory_gb": 80.0, "target_weight_gb": 12.6, "draft_weight_gb": 0.13,
+               "target_kv_bytes_per_token": 524288, "draft_kv_bytes_per_token": 6144},
+}
+SMALL = ["--rate", "4", "--num-requests", "20", "--num-gpu-blocks", "2000"]
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    name: str
+    build: Callable[[Path], list[str]]
+    """Writes the case's files under the folder and returns argv (after ``run_sim.py``)."""
+    expect: str = "error"
+    """``error``: exit 2 and one line containing ``needle``; ``ok``: exit 0."""
+    needle: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def profile(d: Path, **changes) -> str:
+    data = json.loads(json.dumps(COST))
+    for key, value in changes.items():
+        block, _, name = key.partition("__")
+        if name:
+            data[block][name] = value
+        else:
+            data[block] = value
+    path = d / "cost.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def write(d: Path, name: str, text: str | bytes) -> str:
+    path = d / name
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return str(path)
+
+
+def simulate(d: Path, *flags: str, prof: str | None = None) -> list[str]:
+    return ["simulate", "--profile", prof or profile(d), *flags, "--format", "csv", "--out", str(d / "out")]
+
+
+def trace_case(text: str | bytes, *extra: str) -> Callable[[Path], list[str]]:
+    return lambda d: simulate(d, "--trace", write(d, "trace.csv", text), "--num-gpu-blocks", "100000", *extra)
+
+
+def config_case(data: dict | str) -> Callable[[Path], list[str]]:
+    def build(d: Path) -> list[str]:
+        base = {"rate": 4.0, "num_requests": 20, "num_gpu_blocks": 2000, "profile": profile(d)}
+        text = data if isinstance(data, str) else json.dumps({**base, **data})
+        return ["simulate", "--config", write(d, "config.json", text), "--format", "csv", "--out", str(d / "out")]
+    return build
+
+
+def policy_case(body: str, *extra: str, name: str = "mine") -> Callable[[Path], list[str]]:
+    source = textwrap.dedent('''\
+        import sys, time
+        import numpy as np
+        from policies import Policy, register
+
+
+        @register
+        class Mine(Policy):
+            name = "{name}"
+        ''').format(name=name) + textwrap.indent(textwrap.dedent(body), "    ")
+
+    def build(d: Path) -> list[str]:
+        path = write(d, "my_policy.py", source)
+        return simulate(d, "--policy-file", path, "--policy", name, *SMALL, *extra)
+    return build
+
+
+def sweep(d: Path, *flags: str) -> list[str]:
+    return ["sweep", "--profile", profile(d), "--num-requests", "10", "--num-gpu-blocks", "2000", "--workers", "1",
+            "--quiet", *flags, "--out", str(d / "sweep")]
+
+
+def plot_case(summary: str | bytes | None) -> Callable[[Path], list[str]]:
+    def build(d: Path) -> list[str]:
+        (d / "sweep").mkdir()
+        if summary is not None:
+            write(d / "sweep", "summary.csv", summary)
+        return ["plot", str(d / "sweep")]
+    return build
+
+
+OK_SUMMARY = "policy,policy_name,rate,seed,mean_norm_latency,p99_norm_latency,mean_latency,profile_method\n" \
+             "no-spec,no-spec,1,0,0.01,0.02,1.0,hand-written\nfixed-k:2,fixed-k,1,0,0.009,0.02,0.9,hand-written\n"
+
+PLAIN = "arrival_time,prompt_tokens,output_tokens\n"
+
+CASES: list[Case] = [
+    # -- trace files ----------------------------------------------------------------------------------------
+    Case("trace CSV", "token count 1e30", trace_case(PLAIN + "0,1e30,5\n1,10,5\n"), needle="prompt_tokens"),
+    Case("trace CSV", "token count past int64", trace_case(PLAIN + "0,99999999999999999999,5\n"),
+         needle="prompt_tokens"),
+    Case("trace CSV", "counts whose sum overflows int64",
+         trace_case(PLAIN + "".join(f"{i},4000000000000000000,4000000000000000000\n" for i in range(4))),
+         needle="must be <="),
+    Case("trace CSV", "arrival time 1e20", trace_case(PLAIN + "0,10,5\n1e20,10,5\n"), needle="arrival_time"),
+    Case("trace CSV", "arrival time inf", trace_case(PLAIN + "0,10,5\ninf,10,5\n"), needle="arrival_time"),
+    Case("trace CSV", "NaN output", trace_case(PLAIN + "0,10,nan\n"), needle="output_tokens"),
+    Case("trace CSV", "UTF-8 BOM before the header (accepted)", trace_case("\ufeff" + PLAIN + "0,10,5\n1,10,5\n"),
+         expect="ok"),
+    Case("trace CSV", "Azure header with a BOM (accepted)",
+         trace_case("\ufeffTIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,10,5\n"
+                    "2023-11-16 18:15:47.1,10,5\n"), expect="ok"),
+    Case("trace CSV", "binary garbage", trace_case(b"\x00\xff\xfe\x89PNG\r\n\x1a\n" * 10), needle="trace.csv"),
+    Case("trace CSV", "only a header", trace_case(PLAIN), needle="no rows"),
+    Case("trace CSV", "fractional tokens", trace_case(PLAIN + "0,10.5,5\n"), needle="whole number"),
+    Case("trace CSV", "times going backwards", trace_case(PLAIN + "5,10,5\n1,10,5\n"), needle="goes backwards"),
+    Case("trace CSV", "a folder as the trace", lambda d: simulate(d, "--trace", str(d)), needle=str("file not found")),
+    Case("trace CSV", "epoch timestamps", trace_case(PLAIN + "1700000000,10,5\n1700000001,10,5\n"),
+         needle="epoch"),
+    Case("trace CSV", "rescaled far past the clock", trace_case(PLAIN + "0,10,5\n1,10,5\n", "--trace-speedup",
+                                                                "1e-12"), needle="later than"),
+    # -- length files ---------------------------------------------------------------------------------------
+    Case("length file", "huge lengths",
+         lambda d: simulate(d, *SMALL, "--length-dist", "file", "--length-file",
+                            write(d, "len.csv", "prompt_tokens,output_tokens\n1e300,5\n"), ), needle="prompt_tokens"),
+    Case("length file", "given without --length-dist file",
+         lambda d: simulate(d, *SMALL, "--length-file", write(d, "len.csv", "prompt_tokens,output_tokens\n10,5\n")),
+         needle="length_file"),
+    Case("length file", "missing file", lambda d: simulate(d, *SMALL, "--length-dist", "file", "--length-file",
+                                                           str(d / "nope.csv")), needle="nope.csv"),
+    # -- flags ----------------------------------------------------------------------------------------------
+    Case("flags", "--cv inf", lambda d: simulate(d, *SMALL, "--arrival", "gamma", "--cv", "inf"), needle="cv"),
+    Case("flags", "--cv nan", lambda d: simulate(d, *SMALL, "--arrival", "gamma", "--cv", "nan"), needle="cv"),
+    Case("flags", "--cv 1e308", lambda d: simulate(d, *SMALL, "--arrival", "gamma", "--cv", "1e308"), needle="cv"),
+    Case("flags", "--cv 3 under poisson arrivals", lambda d: simulate(d, *SMALL, "--cv", "3"), needle="cv"),
+    Case("flags", "--rate inf", lambda d: simulate(d, "--rate", "inf", "--num-requests", "20"), needle="rate"),
+    Case("flags", "--rate nan", lambda d: simulate(d, "--rate", "nan", "--num-requests", "20"), needle="rate"),
+    Case("flags", "--rate 1e-300", lambda d: simulate(d, "--rate", "1e-300", "--num-requests", "20"),
+         needle="rate"),
+    Case("flags", "--gpu-memory-gb 1e308", lambda d: simulate(d, "--rate", "4", "--num-requests", "20",
+                                                              "--gpu-memory-gb", "1e308"), needle="gpu_memory_gb"),
+    Case("flags", "--acceptance-rate nan", lambda d: simulate(d, *SMALL, "--acceptance-rate", "nan"),
+         needle="acceptance_rate"),
+    Case("flags", "--duration inf", lambda d: simulate(d, "--rate", "4", "--duration", "inf"), needle="duration"),
+    Case("flags", "--max-num-seqs 1e30", lambda d: simulate(d, *SMALL, "--max-num-seqs", str(10 ** 30)),
+         needle="max_num_seqs"),
+    Case("flags", "--policy-param bonus=nan",
+         lambda d: simulate(d, *SMALL, "--policy", "goodput", "--policy-param", "bonus=nan"), needle="bonus"),
+    Case("flags", "--trace under --arrival poisson",
+         lambda d: simulate(d, *SMALL, "--arrival", "poisson", "--trace", write(d, "t.csv", PLAIN + "0,10,5\n")),
+         needle="trace"),
+    Case("flags", "--acceptance-trace without --acceptance replay",
+         lambda d: simulate(d, *SMALL, "--acceptance-trace", write(d, "a.csv", "request_id,proposed,accepted\n")),
+         needle="acceptance_trace"),
+    Case("flags", "--out ''", lambda d: simulate(d, *SMALL)[:-1] + [""], needle="--out"),
+    Case("flags", "--out is a file", lambda d: simulate(d, *SMALL)[:-1] + [write(d, "afile", "x")],
+         needle="not a folder"),
+    Case("flags", "--out under a file", lambda d: simulate(d, *SMALL)[:-1] + [write(d, "afile", "x") + "/sub"],
+         needle="cannot create"),
+    Case("flags", "--seeds nan", lambda d: sweep(d, "--rates", "1", "--policies", "no-spec", "--seeds", "nan"),
+         needle="--seeds"),
+    Case("flags", "--seeds 0.5", lambda d: sweep(d, "--rates", "1", "--policies", "no-spec", "--seeds", "0.5"),
+         needle="--seeds"),
+    Case("flags", "--seeds -1", lambda d: sweep(d, "--rates", "1", "--policies", "no-spec", "--seeds", "-1"),
+         needle="--seeds"),
+    Case("flags", "--rates inf", lambda d: sweep(d, "--rates", "1,inf", "--policies", "no-spec"), needle="--rates"),
+    Case("flags", "--rates nan", lambda d: sweep(d, "--rates", "nan", "--policies", "no-spec"), needle="--rates"),
+    # -- --config JSON ----------------------------------------------------------------------------------------
+    Case("--config JSON", '"save_steps": "no"', config_case({"save_steps": "no"}), needle="save_steps"),
+    Case("--config JSON", '"k": true', config_case({"k": True}), needle="k must"),
+    Case("--config JSON", '"output_len": 2.5', config_case({"output_len": 2.5}), needle="output_len"),
+    Case("--config JSON", '"num_gpu_blocks": Infinity',
+         config_case('{"rate": 4, "num_requests": 20, "num_gpu_blocks": Infinity}'), needle="num_gpu_blocks"),
+    Case("--config JSON", '"rate": NaN', config_case('{"rate": NaN, "num_requests": 20}'), needle="rate"),
+    Case("--config JSON", '"rate": "4"', config_case({"rate": "4"}), needle="rate"),
+    Case("--config JSON", '"policy_params": 7', config_case({"policy_params": 7}), needle="policy_params"),
+    Case("--config JSON", '"acceptance_positions": ["a"]',
+         config_case({"acceptance": "position", "acceptance_positions": ["a"]}), needle="acceptance_positions"),
+    Case("--config JSON", "top-level list", config_case("[1, 2]"), needle="JSON object"),
+    Case("--config JSON", "truncated", config_case('{"rate": 4, "num_'), needle="config"),
+    # -- profiles ------------------------------------------------------------------------------------------
+    Case("profile", "zero KV bytes per token",
+         lambda d: simulate(d, "--rate", "4", "--num-requests", "20",
+                            prof=profile(d, memory={**COST["memory"], "target_kv_bytes_per_token": 0})),
+         needle="KV bytes"),
+    Case("profile", "all-zero coefficients",
+         lambda d: simulate(d, *SMALL, prof=profile(
+             d, target={"base": 0, "per_batched_token": 0, "per_context_token": 0},
+             draft={"base": 0, "per_batched_token": 0, "per_context_token": 0},
+             prefill={"base": 0, "per_prompt_token": 0}, overhead={"base": 0})), needle="0 s"),
+    Case("profile", "1e308 coefficients",
+         lambda d: simulate(d, *SMALL, prof=profile(d, target__base=1e308, target__per_batched_token=1e308)),
+         needle="cost.json"),
+    Case("profile", "a folder as the profile", lambda d: simulate(d, *SMALL, prof=str(d)), needle=str("cost model")),
+    Case("profile", "CSV profile without metadata (labelled unknown)",
+         lambda d: simulate(d, *SMALL, "--policy", "fixed-k", prof=_csv_profile(d)), expect="ok"),
+    # -- user policy files ----------------------------------------------------------------------------------
+    Case("policy file", "raises in propose", policy_case("def propose(self, view):\n    raise ValueError('boom')\n"),
+         needle="my_policy.py: line"),
+    Case("policy file", "raises in observe", policy_case(
+        "def propose(self, view):\n    return np.full(view.batch_size, 2)\n"
+        "def observe(self, outcome):\n    raise KeyError('x')\n"), needle="observe"),
+    Case("policy file", "returns NaN k",
+         policy_case("def propose(self, view):\n    return np.full(view.batch_size, np.nan)\n"), needle="integers"),
+    Case("policy file", "returns text k",
+         policy_case("def propose(self, view):\n    return np.full(view.batch_size, 'two')\n"), needle="integers"),
+    Case("policy file", "returns float k",
+         policy_case("def propose(self, view):\n    return np.full(view.batch_size, 1.5)\n"), needle="integers"),
+    Case("policy file", "returns bool k",
+         policy_case("def propose(self, view):\n    return np.ones(view.batch_size, dtype=bool)\n"), needle="integers"),
+    Case("policy file", "returns a list",
+         policy_case("def propose(self, view):\n    return [1] * view.batch_size\n"), needle="numpy"),
+    Case("policy file", "calls sys.exit in propose",
+         policy_case("def propose(self, view):\n    sys.exit(0)\n"), needle="sys.exit"),
+    Case("policy file", "loops forever in propose",
+         policy_case("def propose(self, view):\n    while True:\n        pass\n"), needle="did not return",
+         env={"SPECSIM_POLICY_TIMEOUT": "1"}),
+    Case("policy file", "replaces a built-in name",
+         policy_case("def propose(self, view):\n    return np.zeros(view.batch_size, dtype=int)\n", name="fixed-k"),
+         needle="built-in"),
+    Case("policy file", "calls sys.exit at import",
+         lambda d: simulate(d, *SMALL, "--policy-file", write(d, "p.py", "import sys\nsys.exit(3)\n"), "--policy",
+                            "x"), needle="p.py"),
+    # -- sweep, tune, plot ----------------------------------------------------------------------------------
+    Case("sweep/tune/plot", "--policies ','", lambda d: sweep(d, "--rates", "1", "--policies", ","),
+         needle="--policies"),
+    Case("sweep/tune/plot", "unknown policy in --policies",
+         lambda d: sweep(d, "--rates", "1", "--policies", "no-spec,warp"), needle="warp"),
+    Case("sweep/tune/plot", "--grid of an unknown field", lambda d: sweep(d, "--rates", "1", "--policies",
+                                                                         "no-spec", "--grid", "speed=1,2"),
+         needle="--grid"),
+    Case("sweep/tune/plot", "--grid cv under poisson", lambda d: sweep(d, "--rates", "1", "--policies", "no-spec",
+                                                                      "--grid", "cv=1,3"), needle="cv"),
+    Case("sweep/tune/plot", "tune --slo bound inf",
+         lambda d: ["tune", "--policy", "fixed-k", "--slo", "p99_latency<=1e999", "--rates", "1", "--out",
+                    str(d / "t")], needle="--slo"),
+    Case("sweep/tune/plot", "tune --param bonus=nan",
+         lambda d: ["tune", "--profile", profile(d), "--num-requests", "10", "--num-gpu-blocks", "2000",
+                    "--policy", "goodput", "--slo", "p99_latency<=20", "--rates", "1", "--param", "bonus=nan",
+                    "--workers", "1", "--quiet", "--out", str(d / "t")], needle="bonus"),
+    Case("sweep/tune/plot", "plot: empty summary.csv", plot_case(""), needle="summary.csv"),
+    Case("sweep/tune/plot", "plot: 1-byte summary.csv", plot_case("\n"), needle="summary.csv"),
+    Case("sweep/tune/plot", "plot: garbage summary.csv", plot_case(b"\x00\x01\x02garbage\xff"), needle="summary.csv"),
+    Case("sweep/tune/plot", "plot: columns missing", plot_case("a,b\n1,2\n"), needle="missing column"),
+    Case("sweep/tune/plot", "plot: text in a number column",
+         plot_case(OK_SUMMARY.replace("0.01,0.02,1.0", "fast,0.02,1.0")), needle="mean_norm_latency"),
+    Case("sweep/tune/plot", "plot: a valid summary (accepted)", plot_case(OK_SUMMARY), expect="ok"),
+]
+
+
+def _csv_profile(d: Path) -> str:
+    rows = ["role,phase,batch_size,query_len,context_len,seconds"]
+    for role, base in (("target", 0.01), ("draft", 0.001)):
+        for b in (1, 2, 4, 8):
+            for q in ((1, 2, 3, 4, 5) if role == "target" else (1,)):
+                for c in (128, 512, 1024):
+                    rows.append(f"{role},decode,{b},{q},{c},{base + 1e-4 * b * q + 1e-8 * b * c:.9f}")
+        for b in (1, 2):
+            for p in (128, 512):
+                rows.append(f"{role},prefill,{b},{p},0,{base + 1e-5 * b * p:.9f}")
+    return write(d, "noprofile_meta.csv", "\n".join(rows) + "\n")
+
+
+# -- the report ------------------------------------------------------------------------------------------------
+def run_case(case: Case, root: Path, timeout: float = 60.0) -> str:
+    """How ``case`` ends as a real process of the checkout at ``root``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        argv = case.build(d)
+        env = {**os.environ, **case.env, "PYTHONPATH": str(root), "SPECSIM_CACHE_DIR": str(d / "cache")}
+        try:
+            done = subprocess.run([sys.executable, str(root / "run_sim.py"), *argv], capture_output=True, text=True,
+                                  cwd=d, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return f"hang (killed after {timeout:g} s)"
+        err = done.stderr.strip().splitlines()
+        if "Traceback" in done.stderr:
+            return f"traceback, exit {done.returncode} ({err[-1][:70] if err else ''})"
+        if done.returncode == 0:
+            return "exit 0" + (" (accepted, as documented)" if case.expect == "ok" else " - silently accepted")
+        line = err[-1] if err else ""
+        return f"exit {done.returncode}, {len(err)} line(s): {line[:110]}"
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0] if argv else Path(__file__).resolve().parents[1]).resolve()
+    print("| family | case | ends |\n|---|---|---|")
+    for case in CASES:
+        timeout = 20.0 if "forever" in case.name else 60.0
+        print(f"| {case.family} | {case.name} | {run_case(case, root, timeout).replace('|', '/')} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
