@@ -14,8 +14,11 @@ the expected emitted tokens (accepted + the bonus/correction token) when positio
 with probability a_m given that it was reached. For a constant rate a this is SmartSpec's
 (1 - a^(k+1)) / (1 - a), which is k + 1 at a = 1 and 1 at a = 0; the sum form has no division.
 
-Acceptance estimates are exponential moving averages with weight w = 0.15, started at 0.7 as in
-SmartSpec's implementation (steps that propose nothing are skipped). Two estimators:
+Acceptance estimates are exponential moving averages with weight w (``ema_weight``), started at 0.7 as in
+SmartSpec's implementation (steps that propose nothing are skipped). SmartSpec uses w = 0.15; the default
+here is 0.05: at light load a step verifies only a few tokens, and with w = 0.15 the estimate of acceptance
+0.3 wandered far enough (about +-0.13) to switch speculation off half the time, 6% slower than fixed k = 1
+(the outcome tests); 0.05 still follows a change of acceptance within a few dozen speculative steps. Two estimators:
 
 - ``estimator=ratio`` is SmartSpec's code: a <- (1 - w) a + w a_obs with a_obs = accepted / proposed
   over the step. That ratio is *not* the per-token rate the closed form above needs: with proposals
@@ -27,6 +30,20 @@ SmartSpec's implementation (steps that propose nothing are skipped). Two estimat
   averages start from the pseudo-observation (alpha_init, 1). ``acceptance=global`` keeps one rate, ``request`` one per request (a request not yet
 observed uses the global rate; its first update starts from it), ``position`` one per draft position
 (P(accept j | reached j)).
+
+Exploration (``probe``, default 16). Acceptance is observed only on steps that propose, so a policy that
+chose k = 0 everywhere would never see acceptance again: one run of rejections that pulled the estimate
+low enough would stop speculation for good, whatever the acceptance later is (the failure of SmartSpec's
+rule as written). After ``probe`` consecutive steps without a proposal the next step probes: one request of
+the batch (in turn) proposes k = 1. A probe costs one draft pass over one sequence and one more verified
+token (well under 1% of the ``probe`` steps it follows at any batch size) and gives one Bernoulli trial of
+acceptance, so the estimate follows acceptance as it changes and speculation resumes when it pays again.
+``probe=0`` is SmartSpec's rule without exploration.
+
+``bonus`` multiplies the goodput of k = 0 (speculation must win by that factor). SmartSpec's implementation
+uses 1.1; the default here is 1.0, chosen by the outcome tests (``tests/test_goodput_outcomes.py``): past
+saturation the 10% handicap kept speculating where no-spec was better and cost up to ~5% of throughput,
+while at light load the estimate is good enough without it.
 
 ``mode=batch`` proposes one k for the whole batch. ``mode=request`` starts from that batch choice and
 then hill-climbs on single-request moves (raise or lower one k_i by one; take the move with the
@@ -68,9 +85,11 @@ class Goodput(Policy):
     def __init__(self, k: int, **params: Any) -> None:
         reader = ParamReader(self.name, params)
         self.alpha_init = reader.number("alpha_init", 0.7, low=0.0, high=1.0)
-        self.ema_weight = reader.number("ema_weight", 0.15, low=0.0, high=1.0, low_open=True)
-        self.bonus = reader.number("bonus", 1.1, low=0.0, low_open=True)
-        """Factor on the k = 0 goodput: speculation must win by this much (1.1: by 10%)."""
+        self.ema_weight = reader.number("ema_weight", 0.05, low=0.0, high=1.0, low_open=True)
+        self.bonus = reader.number("bonus", 1.0, low=0.0, low_open=True)
+        """Factor on the k = 0 goodput: speculation must win by this much (SmartSpec's 1.1: by 10%)."""
+        self.probe = reader.integer("probe", 16, low=0)
+        """After this many steps without a proposal, one request proposes k = 1 (0: never; module docstring)."""
         self.every = reader.integer("every", 1, low=1)
         """Re-decide every this many steps; reuse the last decision in between."""
         self.mode = reader.choice("mode", "batch", MODES)
@@ -84,6 +103,9 @@ class Goodput(Policy):
         self._steps = 0
         self._last_k = 0
         self._last_by_request: dict[int, int] = {}
+        self._idle = 0
+        """Consecutive steps without a proposal (for ``probe``)."""
+        self._probes = 0
 
     # --- estimates ------------------------------------------------------------------------------
     @property
@@ -118,7 +140,16 @@ class Goodput(Policy):
             self._decide(view)
         self._steps += 1
         ks = [self._last_by_request.get(r, self._last_k) for r in view.request_ids.tolist()]
-        return np.minimum(np.asarray(ks, dtype=np.int64), min(self.k, view.max_k))
+        out = np.minimum(np.asarray(ks, dtype=np.int64), min(self.k, view.max_k))
+        if self.probe and min(self.k, view.max_k) > 0:
+            if out.any():
+                self._idle = 0
+            elif self._idle >= self.probe:
+                out[self._probes % out.size] = 1
+                self._idle, self._probes = 0, self._probes + 1
+            else:
+                self._idle += 1
+        return out
 
     def observe(self, outcome: StepOutcome) -> None:
         proposed = np.asarray(outcome.proposed, dtype=np.int64)

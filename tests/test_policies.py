@@ -180,7 +180,7 @@ def test_expected_tokens_limits_and_per_position_form():
 
 
 def test_acceptance_ema_follows_smartspec_update():
-    policy = make_policy("goodput", 4, {"estimator": "ratio"})
+    policy = make_policy("goodput", 4, {"estimator": "ratio", "ema_weight": 0.15})  # SmartSpec's weight
     assert policy.acceptance_estimate == 0.7
     policy.observe(outcome([1, 2], proposed=[4, 4], accepted=[1, 3]))  # 4 of 8 accepted
     assert policy.acceptance_estimate == pytest.approx(0.85 * 0.7 + 0.15 * 0.5)
@@ -190,7 +190,7 @@ def test_acceptance_ema_follows_smartspec_update():
 
 
 def test_token_estimator_is_a_ratio_of_moving_averages():
-    policy = make_policy("goodput", 4)
+    policy = make_policy("goodput", 4, {"ema_weight": 0.15})
     # 4 accepted tokens; request 1 ended in a rejection, request 2 accepted all: 4 hits in 5 trials
     policy.observe(outcome([1, 2], proposed=[4, 2], accepted=[2, 2]))
     assert policy.acceptance_estimate == pytest.approx((0.85 * 0.7 + 0.15 * 4) / (0.85 * 1 + 0.15 * 5))
@@ -264,7 +264,8 @@ def test_goodput_bonus_sends_a_near_tie_to_no_speculation():
     v = view(1, max_k=1, cost=cost)
     assert k_of(make_policy("goodput", 1, {"alpha_init": 0.5, "bonus": 1.0}), v) == 1
     assert k_of(make_policy("goodput", 1, {"alpha_init": 0.5, "bonus": 1.04}), v) == 1
-    assert k_of(make_policy("goodput", 1, {"alpha_init": 0.5}), v) == 0  # default bonus 1.1
+    assert k_of(make_policy("goodput", 1, {"alpha_init": 0.5, "bonus": 1.1}), v) == 0  # SmartSpec's 1.1
+    assert k_of(make_policy("goodput", 1, {"alpha_init": 0.5}), v) == 1  # default bonus 1.0
 
 
 def test_goodput_every_n_steps_keeps_the_last_decision_in_between():
