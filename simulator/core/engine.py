@@ -119,16 +119,27 @@ class SimulatedEngine(DecodeRuns):
 
     # -- set-up ---------------------------------------------------------------------------------
     def _check_fits(self) -> None:
-        """A request whose whole context cannot fit in the cache would be preempted forever: refuse it."""
+        """A request whose whole context cannot fit in the cache would be preempted forever. Like vLLM, ignore
+        it (``self.unfit``: never queued, recorded as ignored) and serve the rest; with ``strict_fit``, or when
+        no request fits at all, refuse the run naming the count and the first such request."""
         s = self.spec
         need = -(-(self.workload.prompt_tokens + self.workload.output_tokens + lookahead(s.max_k, s.speculative))
                  // s.block_size)
-        worst = int(np.argmax(need))
-        if need[worst] > s.num_gpu_blocks:
-            raise UserError(
-                f"workload: request {worst} can never fit in the KV cache: it needs {int(need[worst])} blocks "
-                f"(prompt {int(self.workload.prompt_tokens[worst])} + output {int(self.workload.output_tokens[worst])} "
-                f"tokens) but the cache holds {s.num_gpu_blocks} blocks of {s.block_size} tokens (--num-gpu-blocks)")
+        unfit = need > s.num_gpu_blocks
+        if not unfit.any():
+            return
+        ids = np.flatnonzero(unfit)
+        first = int(ids[0])
+        what = (f"{ids.size} of {len(need)} requests can never fit in the KV cache ({s.num_gpu_blocks} blocks of "
+                f"{s.block_size} tokens, --num-gpu-blocks); the first, request {first}, needs {int(need[first])} "
+                f"blocks (prompt {int(self.workload.prompt_tokens[first])} + output "
+                f"{int(self.workload.output_tokens[first])} tokens)")
+        if s.strict_fit:
+            raise UserError(f"workload: {what} (--strict-fit refuses them; without it they are ignored)")
+        if ids.size == len(need):
+            raise UserError(f"workload: {what}: every request, nothing to serve")
+        self.unfit = set(ids.tolist())
+        self.rec.ignore(ids)
 
     def start(self) -> None:
         self.env.process(self._arrivals())

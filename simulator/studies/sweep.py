@@ -308,10 +308,10 @@ def _figures(base: SimConfig, policies: list[str], rates: list[float], seeds: li
 
 def print_table(summary: pd.DataFrame, column: str = "mean_latency", axes: list[str] | None = None) -> None:
     """Rates (and every grid axis) down, policies across: ``column`` averaged over seeds only. ``axes``: the grid
-    fields (or their columns); None: found in the summary's columns (:func:`plots.grid_axes`)."""
+    fields; None: found in the summary's columns (:func:`plots.grid_axes`)."""
     from simulator.studies.plots import grid_axes
 
-    axes = grid_axes(summary) if axes is None else [a if a in summary.columns else axis_column(a) for a in axes]
+    axes = grid_axes(summary) if axes is None else [axis_column(a) for a in axes]
     table = summary.groupby(["rate", *axes, "policy"], sort=False, dropna=False)[column].mean().unstack("policy")
     rows = ", ".join(["request rate (req/s)", *axes])
     print(f"{column} (s), seeds averaged; rows: {rows}")
