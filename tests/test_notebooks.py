@@ -19,6 +19,7 @@ RESULTS = {
     "bursty_traffic": ["bursty_traffic/code/summary.csv", "bursty_traffic/conv/summary.csv"],
     "calibration": ["calibration/fit_error.csv", "calibration/validation_error.csv", "calibration/parts_error.csv"],
     "normal_vs_speculative": ["normal_vs_speculative/runs.csv", "normal_vs_speculative/overall.csv"],
+    "smartspec_reproduction": ["smartspec_reproduction/summary.csv", "smartspec_reproduction/crossovers.csv"],
 }
 #: Notebooks that run real models (the profile extra); every other one must run without torch.
 NEEDS_TORCH = {"normal_vs_speculative"}
