@@ -117,6 +117,7 @@ OK_SUMMARY = "policy,policy_name,rate,seed,mean_norm_latency,p99_norm_latency,me
              "no-spec,no-spec,1,0,0.01,0.02,1.0,hand-written\nfixed-k:2,fixed-k,1,0,0.009,0.02,0.9,hand-written\n"
 
 PLAIN = "arrival_time,prompt_tokens,output_tokens\n"
+PROFILE_HEADER = "role,phase,batch_size,query_len,context_len,seconds\n"
 
 CASES: list[Case] = [
     # -- trace files ----------------------------------------------------------------------------------------
@@ -269,6 +270,26 @@ CASES: list[Case] = [
     Case("sweep/tune/plot", "plot: text in a number column",
          plot_case(OK_SUMMARY.replace("0.01,0.02,1.0", "fast,0.02,1.0")), needle="mean_norm_latency"),
     Case("sweep/tune/plot", "plot: a valid summary (accepted)", plot_case(OK_SUMMARY), expect="ok"),
+    # -- profile --report and validate (the profiles side; checked before any model is loaded) ----------------
+    Case("profile --report / validate", "report: missing file", lambda d: ["profile", "--report", str(d / "no.csv")],
+         needle="no.csv"),
+    Case("profile --report / validate", "report: a JSON file", lambda d: ["profile", "--report", profile(d)],
+         needle="cost.json"),
+    Case("profile --report / validate", "report: binary garbage",
+         lambda d: ["profile", "--report", write(d, "p.csv", b"role,phase\n\xff\x00")], needle="p.csv"),
+    Case("profile --report / validate", "report: NaN seconds",
+         lambda d: ["profile", "--report", write(d, "p.csv", PROFILE_HEADER + "target,decode,1,1,128,nan\n")],
+         needle="seconds"),
+    Case("profile --report / validate", "report: 1e308 seconds",
+         lambda d: ["profile", "--report", write(d, "p.csv", PROFILE_HEADER + "target,decode,1,1,128,1e308\n"
+                                                 "target,decode,2,1,128,1e308\n")], needle="seconds"),
+    Case("profile --report / validate", "validate --policies ','",
+         lambda d: ["validate", "--policies", ",", "--out", str(d / "v")], needle="--policies"),
+    Case("profile --report / validate", "validate --rates nan",
+         lambda d: ["validate", "--rates", "nan", "--out", str(d / "v")], needle="--rates"),
+    Case("profile --report / validate", "validate --out ''", lambda d: ["validate", "--out", ""], needle="--out"),
+    Case("profile --report / validate", "validate --out is a file",
+         lambda d: ["validate", "--out", write(d, "afile", "x")], needle="not a folder"),
 ]
 
 

@@ -492,9 +492,13 @@ def build_parser() -> _Parser:
 
 def main(argv: list[str]) -> int:
     """Run the ``validate`` command; returns the exit status (user errors raise :class:`UserError`)."""
+    from simulator.results import check_out_dir
+    from simulator.studies.specs import parse_policy_list
+
     args = build_parser().parse_args(argv)
+    check_out_dir(args.out)  # before the long runs: --out "" or a file is found now
     settings = ValidateSettings(pair=args.pair, rates=_floats("--rates", args.rates),
-                                policies=tuple(s for s in args.policies.split(",") if s),
+                                policies=tuple(parse_policy_list("--policies", args.policies)),
                                 num_requests=args.num_requests,
                                 output_len=args.output_len, max_num_seqs=args.max_num_seqs,
                                 max_num_batched_tokens=args.max_num_batched_tokens, k=args.k, profile=args.profile,

@@ -184,6 +184,9 @@ def validate_frame(frame: pd.DataFrame, where: str) -> pd.DataFrame:
     for column, minimum in (("batch_size", 1), ("query_len", 0), ("context_len", 0)):
         out[column] = _numeric(out[column], where, minimum, integer=True).astype(np.int64)
     out["seconds"] = _numeric(out["seconds"], where, 0, strict=True)
+    # bounds that keep a fit's sums of squares finite (1e308 seconds crashed the least-squares solver)
+    for column, most in (("batch_size", 1e7), ("query_len", 1e9), ("context_len", 1e9), ("seconds", 1e6)):
+        _rule(out, out[column] > most, where, column, f"must be <= {most:g}")
     for column in OPTIONAL_COLUMNS:
         if column in out.columns:
             values = _numeric(out[column], where, 0, allow_missing=True)
