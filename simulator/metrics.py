@@ -30,6 +30,9 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 REQUEST_COLUMNS = ["request_id", "arrival_time", "first_token_time", "finish_time", "prompt_tokens",
                    "output_tokens", "proposed_tokens", "accepted_tokens", "preemptions", "ignored"]
 DERIVED_COLUMNS = ["ttft", "tpot", "latency", "norm_latency"]
+#: What a run (:func:`simulator.core.runner.run_simulation`) adds to :func:`summarize`'s figures in its summary.
+SUMMARY_KEYS = ("ignored_requests", "ignored_request_ids", "policy", "k", "profile", "profile_method",
+                "num_gpu_blocks", "steps", "workload", "config_hash", "wall_seconds")
 STEP_COLUMNS = ["start_time", "seconds", "kind", "batch_size", "prefill_tokens", "k_max", "proposed",
                 "accepted", "emitted", "kv_blocks_used", "num_waiting"]
 

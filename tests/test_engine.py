@@ -190,9 +190,12 @@ def test_preempted_request_recomputes_and_keeps_its_tokens(cost_json):
 
 
 def test_a_request_that_can_never_fit_is_refused(cost_json):
+    """With --strict-fit (by default such a request is ignored: tests/test_trust.py)."""
     cost = cost_json()
-    with pytest.raises(UserError, match="request 1 can never fit"):
-        run(cost, fixed_workload([0.0, 1.0], [4, 400], [4, 4]), num_gpu_blocks=10, block_size=16)
+    with pytest.raises(UserError, match="request 1"):
+        run(cost, fixed_workload([0.0, 1.0], [4, 400], [4, 4]), num_gpu_blocks=10, block_size=16, strict_fit=True)
+    result = run(cost, fixed_workload([0.0, 1.0], [4, 400], [4, 4]), num_gpu_blocks=10, block_size=16)
+    assert result.summary["ignored_request_ids"] == [1]
 
 
 def test_memory_budget_derives_the_cache(cost_json):

@@ -27,7 +27,7 @@ from simulator.core.engine import EngineSpec, SimulatedEngine
 from policies.errors import UserError
 from simulator.core.memory import num_gpu_blocks
 from simulator.core.user_policy import Watch, guarded
-from simulator.metrics import Recorder, summarize
+from simulator.metrics import SUMMARY_KEYS, Recorder, summarize  # noqa: F401 - SUMMARY_KEYS re-exported
 from simulator.results import atomic_write, write_csv, write_json
 from simulator.inputs.workload import Workload, build_workload
 
@@ -68,10 +68,6 @@ def profile_method(path: str, method: str) -> str:
         return "unknown"
     return method
 
-
-#: What a run adds to :func:`simulator.metrics.summarize`'s figures in its summary.
-SUMMARY_KEYS = ("ignored_requests", "ignored_request_ids", "policy", "k", "profile", "profile_method",
-                "num_gpu_blocks", "steps", "workload", "config_hash", "wall_seconds")
 
 #: Longest a single step may be predicted to take, seconds (more means broken coefficients, e.g. 1e308).
 MAX_STEP_SECONDS = 1e6

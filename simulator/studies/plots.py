@@ -32,7 +32,7 @@ def grid_axes(summary: pd.DataFrame) -> list[str]:
     from dataclasses import fields
 
     from simulator.config import SimConfig
-    from simulator.studies.sweep import summary_names
+    from simulator.studies.specs import summary_names
 
     known = {f.name for f in fields(SimConfig)} - _NOT_AXES
     return [c for c in summary.columns

@@ -163,6 +163,23 @@ def parse_policy_spec(spec: str) -> tuple[str, int | None, tuple[tuple[str, Any]
 
 
 # -- sweep grids -----------------------------------------------------------------------------------
+@functools.cache
+def summary_names() -> frozenset[str]:
+    """Every name a run's summary may hold (to keep config columns apart from them)."""
+    import numpy as np
+
+    from simulator.metrics import REQUEST_COLUMNS, SUMMARY_KEYS, summarize
+
+    dummy = {c: np.ones(1) for c in REQUEST_COLUMNS + DERIVED_COLUMNS}
+    return frozenset(summarize(dummy)) | frozenset(SUMMARY_KEYS)
+
+
+def axis_column(field: str) -> str:
+    """The summary column of grid axis ``field``: its name, or ``config_<field>`` when a summary figure has it (a
+    config value and a measured figure never share a column)."""
+    return f"config_{field}" if field in summary_names() else field
+
+
 def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
     """``["acceptance_rate=0.5,0.7"]`` -> {"acceptance_rate": [0.5, 0.7]} (values typed like the field)."""
     known = {f.name for f in fields(SimConfig)}

@@ -35,14 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import pandas as pd
 
 from simulator.config import SimConfig, config_hash
 from policies.errors import UserError
 from simulator.results import write_csv, write_json
 from simulator.studies.executors import Executor, make_executor
-from simulator.studies.specs import parse_policy_spec
+from simulator.studies.specs import axis_column, parse_policy_spec, summary_names  # noqa: F401
 
 __all__ = ["Cell", "build_cells", "print_table", "progress_bar", "run_cell", "run_sweep", "sweep_and_plot"]
 
@@ -104,21 +103,6 @@ class Cell:
     labels: tuple[tuple[str, Any], ...]
     config: SimConfig
     key: str = ""
-
-
-@functools.cache
-def summary_names() -> frozenset[str]:
-    """Every name a run's summary may hold (to keep config columns apart from them)."""
-    from simulator.core.runner import SUMMARY_KEYS
-    from simulator.metrics import DERIVED_COLUMNS, REQUEST_COLUMNS, summarize
-
-    dummy = {c: np.ones(1) for c in REQUEST_COLUMNS + DERIVED_COLUMNS}
-    return frozenset(summarize(dummy)) | frozenset(SUMMARY_KEYS)
-
-
-def axis_column(field: str) -> str:
-    """The summary column of grid axis ``field``: its name, or ``config_<field>`` when a summary figure has it."""
-    return f"config_{field}" if field in summary_names() else field
 
 
 def build_cells(base: SimConfig, rates: list[float], policies: list[str], seeds: list[int],
