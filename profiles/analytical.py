@@ -4,9 +4,22 @@ A profile made here stands in for a measured one on hardware we cannot run on (A
 cross-check where we can (H200). For one pass of ``batch_size`` sequences, each adding ``query_len``
 tokens over ``context_len`` cached ones, the seconds are a roofline (Williams, Waterman and Patterson,
 "Roofline", CACM 2009) per operator class, summed over the classes, plus the tensor-parallel
-communication and a fixed overhead::
+communication and the engine's per-pass overhead::
 
-    t = sum_op max(FLOPs_op / (peak x eff_compute), bytes_op / (bw x eff_bw)) + t_comm + t_fixed
+    t = sum_op max(FLOPs_op / (peak x eff_compute), bytes_op / (bw x eff_bw)) + t_comm + t_overhead
+    t_overhead = overhead_fixed_s + overhead_per_layer_s x layers
+
+``t_overhead`` is what a pass costs beyond its kernels' work: launching (replaying) the pass, the gaps between
+its small kernels, preparing inputs and reading the logits back; it dominates small models (a 68M draft pass)
+and is a third of a 7B decode pass at batch 1. Its two terms and the efficiencies are fitted to the passes
+measured on an H200 with this project's optimized forward (:data:`EFFICIENCY_SOURCE`,
+``profiles/data/h200-optimized__*.csv``; :func:`fit_efficiency` refits them), so a profile made here for an A100
+or H100 models that engine on that GPU.
+
+Weight precision (``weights`` for the target, ``draft_weights`` for the draft: :data:`WEIGHT_BYTES`, bf16, fp8,
+int8 or int4, *weight-only*): the projections' weights are stored and read at that width (dequantized in the
+kernel, compute stays bf16, as in AWQ/GPTQ/Marlin kernels), which shrinks weight memory (more KV room) and
+the weight-read time of memory-bound passes; embeddings, norms and the LM head stay bf16; KV stays ``dtype``.
 
 with the operator classes
 
@@ -35,10 +48,11 @@ ring all-reduce time ``latency + 2 (tp - 1) / tp x bytes / (link_bw x eff_link)`
 first device (vLLM's ``speculative_draft_tensor_parallel_size = 1``), which makes that device the one
 whose memory runs out first.
 
-The roofline models an engine that appends to the KV cache in place (vLLM's paged cache); the HF
-``DynamicCache`` the measured profiles use copies the whole cache on each pass, so measured seconds
-exceed these at large batch x context. ``python -m profiles.analytical --out profiles/data`` regenerates
-the shipped profiles.
+The roofline models an engine that appends to the KV cache in place (vLLM's paged cache; this project's optimized
+forward); the HF ``DynamicCache`` of the eager measured profiles copies the whole cache on each pass, so those
+exceed these at large batch x context. ``python -m profiles.analytical --out profiles/data`` regenerates the
+shipped profiles; ``python -m profiles.analytical --gpu h200 --target llama-2-7b --draft llama-68m --weights int4
+--out P.csv`` makes one (then ``run_sim.py simulate --profile P.csv``).
 """
 from __future__ import annotations
 
@@ -60,6 +74,8 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 GIB = 1024 ** 3
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+#: Bytes per projection weight at each weight-only precision (int4: two weights a byte; group scales ignored).
+WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 
 
 # -- architectures -------------------------------------------------------------------------------
@@ -121,8 +137,12 @@ class Architecture:
         embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
         return self.num_layers * (self.layer_linear_params + 2 * self.hidden) + self.hidden + embeddings
 
-    def weight_bytes(self, dtype_bytes: int) -> int:
-        return self.params * dtype_bytes
+    def weight_bytes(self, dtype_bytes: float, linear_bytes: float | None = None) -> float:
+        """Bytes of the weights: the projections at ``linear_bytes`` per parameter (weight-only quantization;
+        default ``dtype_bytes``), embeddings, norms and LM head at ``dtype_bytes``."""
+        linear = self.num_layers * self.layer_linear_params
+        other = self.params - linear
+        return linear * (dtype_bytes if linear_bytes is None else linear_bytes) + other * dtype_bytes
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV cache bytes of one token: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
@@ -166,26 +186,29 @@ GPUS: dict[str, GPU] = {
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Fractions of the datasheet peaks that real kernels reach (``compute``, ``bandwidth``, ``link``: NCCL
-    all-reduce bus bandwidth over NVLink), the latency of one small collective, and the fixed seconds of a
-    pass (``fixed_s`` + ``per_layer_s`` x layers: graph launch, sampling, input preparation and kernel gaps
-    of an engine replaying CUDA graphs). Sources: :data:`EFFICIENCY_SOURCE`.
-    """
+    """Fractions of the datasheet peaks that the modelled engine's kernels reach (``compute``, ``bandwidth``;
+    ``link``: NCCL all-reduce bus bandwidth over NVLink), the latency of one small collective, and the per-pass
+    overhead ``overhead_fixed_s + overhead_per_layer_s x layers`` (module docstring). Sources:
+    :data:`EFFICIENCY_SOURCE`."""
 
-    compute: float = 0.80
-    bandwidth: float = 0.90
+    compute: float = 0.47
+    bandwidth: float = 0.64
     link: float = 0.75
     collective_latency_s: float = 10e-6
-    fixed_s: float = 3e-4
-    per_layer_s: float = 1e-5
+    overhead_fixed_s: float = 9e-5
+    overhead_per_layer_s: float = 6.4e-5
 
 
 #: Where the :class:`Efficiency` defaults come from (recorded in each profile's metadata).
 EFFICIENCY_SOURCE = (
-    "compute 0.80 and bandwidth 0.90: measured on an H200 of this workplace (bf16 8192^3 matmul ~788 TFLOP/s "
-    "of 989; device copy ~4.3 TB/s of 4.8), assumed alike on A100/H100; link 0.75 and 10 us per collective: "
-    "NCCL ring all-reduce on NVLink (nccl-tests); fixed_s and per_layer_s: assumed step overhead of a "
-    "CUDA-graph engine (vLLM), not measured")
+    "compute 0.47, bandwidth 0.64, overhead 90 us + 64 us per layer: least-squares fit (log ratio, each "
+    "pair x role x phase weighted alike) to the 1,149 passes measured on an H200 with this project's optimized "
+    "forward (in-place KV cache, CUDA graphs, fused q/k/v and gate/up; profiles/data/h200-optimized__*.csv, "
+    "2026-11-30; fit_efficiency). Before the fit (datasheet-derived 0.80 / 0.90 from an 8192^3 matmul and a "
+    "device copy, 300 us + 10 us per layer assumed) the analytical passes were 0.61x the measured target decode "
+    "and 0.63x its prefill (median); after it, 1.02 / 1.08 (7B) and 1.03 / 1.16 (8B). Assumed alike on A100 and "
+    "H100 (no such GPU measured here). link 0.75 and 10 us per collective: NCCL ring all-reduce on NVLink "
+    "(nccl-tests)")
 
 
 @dataclass(frozen=True)
@@ -196,11 +219,11 @@ class PassCost:
     attention_s: float
     lm_head_s: float
     comm_s: float
-    fixed_s: float
+    overhead_s: float
 
     @property
     def seconds(self) -> float:
-        return self.linear_s + self.attention_s + self.lm_head_s + self.comm_s + self.fixed_s
+        return self.linear_s + self.attention_s + self.lm_head_s + self.comm_s + self.overhead_s
 
 
 def _roofline(flops: float, bytes_moved: float, gpu: GPU, eff: Efficiency) -> float:
@@ -209,14 +232,16 @@ def _roofline(flops: float, bytes_moved: float, gpu: GPU, eff: Efficiency) -> fl
 
 def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_len: int, context_len: int,
               dtype_bytes: int = 2, tp: int = 1, eff: Efficiency = Efficiency(),
-              verification: str = "multi-query") -> PassCost:
-    """The roofline seconds of one ``prefill`` or ``decode`` pass (see the module docstring)."""
+              verification: str = "multi-query", weight_bytes: float | None = None) -> PassCost:
+    """The roofline seconds of one ``prefill`` or ``decode`` pass (see the module docstring); ``weight_bytes``:
+    bytes per projection weight (weight-only quantization; default ``dtype_bytes``)."""
+    weight_bytes = dtype_bytes if weight_bytes is None else weight_bytes
     if verification not in VERIFICATIONS:
         raise UserError(f"verification must be one of {', '.join(VERIFICATIONS)} (got {verification!r})")
     tokens = batch_size * query_len
     kv_width = 2 * arch.kv_heads * arch.head_dim / tp  # K and V elements per token and layer on one device
     linear = _roofline(2 * tokens * arch.layer_linear_params / tp,
-                       (arch.layer_linear_params / tp + tokens * arch.activation_elements(tp)) * dtype_bytes,
+                       arch.layer_linear_params / tp * weight_bytes + tokens * arch.activation_elements(tp) * dtype_bytes,
                        gpu, eff)
     mean_keys = context_len + (query_len + 1) / 2
     if phase == "decode" and verification == "batch-expansion":  # q sequences over contexts c + j, each read
@@ -235,7 +260,7 @@ def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_l
         gather = eff.collective_latency_s + (tp - 1) / tp * logit_rows * arch.vocab * dtype_bytes / link
         comm = 2 * arch.num_layers * all_reduce + gather
     return PassCost(linear_s=arch.num_layers * linear, attention_s=arch.num_layers * attention, lm_head_s=lm_head,
-                    comm_s=comm, fixed_s=eff.fixed_s + eff.per_layer_s * arch.num_layers)
+                    comm_s=comm, overhead_s=eff.overhead_fixed_s + eff.overhead_per_layer_s * arch.num_layers)
 
 
 # -- shipped profiles ----------------------------------------------------------------------------
@@ -249,13 +274,30 @@ class Deployment:
     draft: str
     tp: int
     verification: str = "multi-query"
+    weights: str = "bf16"
+    """The target's projection weights (:data:`WEIGHT_BYTES`; weight-only)."""
+    draft_weights: str = "bf16"
+    """The draft's projection weights."""
+
+    def __post_init__(self) -> None:
+        if self.gpu_key not in GPUS:
+            raise UserError(f"--gpu: must be one of {', '.join(GPUS)} (got {self.gpu_key!r})")
+        if not isinstance(self.tp, int) or self.tp < 1:
+            raise UserError(f"--tp: must be an integer >= 1 (got {self.tp!r})")
+        if self.verification not in VERIFICATIONS:
+            raise UserError(f"--verification: must be one of {', '.join(VERIFICATIONS)} (got {self.verification!r})")
+        for flag, value in (("--weights", self.weights), ("--draft-weights", self.draft_weights)):
+            if value not in WEIGHT_BYTES:
+                raise UserError(f"{flag}: must be one of {', '.join(WEIGHT_BYTES)} (got {value!r})")
 
     @property
     def stem(self) -> str:
-        """File stem: ``<gpu>[x<tp>]-analytical[-batch-expansion]__<target>__<draft>`` (measured profiles have no
-        ``-analytical``; multi-query verification, the default, has no suffix)."""
+        """File stem: ``<gpu>[x<tp>]-analytical[-batch-expansion][-<weights>][-draft-<weights>]__<target>__<draft>``
+        (measured profiles have no ``-analytical``; the defaults, multi-query and bf16, no suffix)."""
         gpus = f"{self.gpu_key}x{self.tp}" if self.tp > 1 else self.gpu_key
         suffix = "" if self.verification == "multi-query" else f"-{self.verification}"
+        suffix += "" if self.weights == "bf16" else f"-{self.weights}"
+        suffix += "" if self.draft_weights == "bf16" else f"-draft-{self.draft_weights}"
         return f"{gpus}-analytical{suffix}__{self.target}__{self.draft}"
 
 
@@ -276,10 +318,11 @@ MEMORY_UTILIZATION = 0.9
 ACTIVATION_RESERVE_GIB = 2.0
 
 
-def kv_fits(target: Architecture, draft: Architecture, gpu: GPU, tp: int, tokens: int, dtype_bytes: int = 2) -> bool:
+def kv_fits(target: Architecture, draft: Architecture, gpu: GPU, tp: int, tokens: int, dtype_bytes: int = 2,
+            target_weight_bytes: float | None = None, draft_weight_bytes: float | None = None) -> bool:
     """Whether ``tokens`` tokens of target and draft KV cache fit the first device next to the weights
-    (target weights and KV split ``tp`` ways, the draft's whole there)."""
-    weights = target.weight_bytes(dtype_bytes) / tp + draft.weight_bytes(dtype_bytes)
+    (target weights and KV split ``tp`` ways, the draft's whole there; projection weights at the given bytes)."""
+    weights = target.weight_bytes(dtype_bytes, target_weight_bytes) / tp + draft.weight_bytes(dtype_bytes, draft_weight_bytes)
     kv = tokens * (target.kv_bytes_per_token(dtype_bytes) / tp + draft.kv_bytes_per_token(dtype_bytes))
     return weights + kv + ACTIVATION_RESERVE_GIB * GIB <= MEMORY_UTILIZATION * gpu.memory_gib * GIB
 
@@ -290,21 +333,23 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
     gpu, dtype_bytes = GPUS[dep.gpu_key], DTYPE_BYTES[dtype]
     archs = {"target": Architecture.from_config(dep.target), "draft": Architecture.from_config(dep.draft)}
     tps = {"target": dep.tp, "draft": 1}
+    wbytes = {"target": WEIGHT_BYTES[dep.weights], "draft": WEIGHT_BYTES[dep.draft_weights]}
     rows, skipped = [], 0
     for point in grid.points():
         tokens = point.batch_size * (point.context_len + point.query_len)
-        if not kv_fits(archs["target"], archs["draft"], gpu, dep.tp, tokens, dtype_bytes):
+        if not kv_fits(archs["target"], archs["draft"], gpu, dep.tp, tokens, dtype_bytes, wbytes["target"],
+                       wbytes["draft"]):
             skipped += 1
             continue
         arch = archs[point.role]
         cost = pass_cost(arch, gpu, point.phase, point.batch_size, point.query_len, point.context_len,
-                         dtype_bytes, tps[point.role], eff, dep.verification)
+                         dtype_bytes, tps[point.role], eff, dep.verification, wbytes[point.role])
         rows.append({**point.as_dict(), "seconds": cost.seconds, "num_layers": arch.num_layers})
     frame = pd.DataFrame(rows).sort_values(["role", "phase", "batch_size", "query_len", "context_len"])
     memory = {
         "device_memory_gb": gpu.memory_gib * dep.tp,
-        "target_weight_gb": archs["target"].weight_bytes(dtype_bytes) / GIB,
-        "draft_weight_gb": archs["draft"].weight_bytes(dtype_bytes) * dep.tp / GIB,
+        "target_weight_gb": archs["target"].weight_bytes(dtype_bytes, wbytes["target"]) / GIB,
+        "draft_weight_gb": archs["draft"].weight_bytes(dtype_bytes, wbytes["draft"]) * dep.tp / GIB,
         "target_kv_bytes_per_token": archs["target"].kv_bytes_per_token(dtype_bytes),
         "draft_kv_bytes_per_token": archs["draft"].kv_bytes_per_token(dtype_bytes) * dep.tp,
     }
@@ -314,14 +359,17 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
         "device": f"{dep.tp} x {gpu.name}" if dep.tp > 1 else gpu.name,
         "dtype": dtype,
         "target": {"config": dep.target, "num_layers": archs["target"].num_layers, "params": archs["target"].params,
-                   "tensor_parallel": dep.tp},
+                   "tensor_parallel": dep.tp, "weights": dep.weights},
         "draft": {"config": dep.draft, "num_layers": archs["draft"].num_layers, "params": archs["draft"].params,
-                  "tensor_parallel": 1},
+                  "tensor_parallel": 1, "weights": dep.draft_weights},
+        "weights_note": "weight-only precision of the projections (embeddings, norms and LM head bf16); compute "
+                        "bf16; KV in dtype",
         "gpu": asdict(gpu),
         "efficiency": asdict(eff),
         "efficiency_source": EFFICIENCY_SOURCE,
         "formula": "sum over linear/attention/lm_head of max(FLOPs/(peak*compute), bytes/(bw*bandwidth)) "
-                   "+ tensor-parallel all-reduces + fixed_s + per_layer_s*layers (profiles/analytical.py)",
+                   "+ tensor-parallel all-reduces + overhead_fixed_s + overhead_per_layer_s*layers "
+                   "(profiles/analytical.py)",
         "grid": grid.as_dict(),
         "points_left_out": skipped,
         "kv_fit": {"memory_utilization": MEMORY_UTILIZATION, "activation_reserve_gb": ACTIVATION_RESERVE_GIB},
@@ -347,12 +395,64 @@ def write_all(out_dir: str | Path, grid: Grid | None = None) -> list[Path]:
     return paths
 
 
+def fit_efficiency(measured: list[tuple[str, str, pd.DataFrame]], gpu_key: str = "h200",
+                   start: Efficiency = Efficiency()) -> Efficiency:
+    """The compute and bandwidth efficiencies and the two overhead terms that best fit ``measured`` profiles
+    (``(target, draft, frame)`` of passes timed on ``gpu_key``): least squares of log(analytical / measured),
+    each target/draft x role x phase group weighted alike (scipy's Nelder-Mead)."""
+    import numpy as np
+    from scipy.optimize import minimize
+
+    gpu, rows = GPUS[gpu_key], []
+    for target, draft, frame in measured:
+        archs = {"target": Architecture.from_config(target), "draft": Architecture.from_config(draft)}
+        for r in frame.itertuples():
+            rows.append((archs[r.role], r.phase, int(r.batch_size), int(r.query_len), int(r.context_len),
+                         float(r.seconds), f"{target}:{r.role}:{r.phase}"))
+    seconds = np.array([r[5] for r in rows])
+    groups = pd.Series([r[6] for r in rows])
+    weight = (1.0 / groups.map(groups.value_counts())).to_numpy()
+
+    def efficiency(x: Any) -> Efficiency:
+        return replace(start, compute=x[0], bandwidth=x[1], overhead_fixed_s=x[2] * 1e-6, overhead_per_layer_s=x[3] * 1e-6)
+
+    def loss(x: Any) -> float:
+        if not (0.05 < x[0] <= 1 and 0.05 < x[1] <= 1 and x[2] >= 0 and x[3] >= 0):
+            return 1e9
+        eff = efficiency(x)
+        predicted = np.array([pass_cost(a, gpu, ph, b, q, c, 2, 1, eff).seconds for a, ph, b, q, c, _, _ in rows])
+        return float(np.sum(weight * np.log(predicted / seconds) ** 2))
+
+    x0 = [start.compute, start.bandwidth, start.overhead_fixed_s * 1e6, start.overhead_per_layer_s * 1e6]
+    return efficiency(minimize(loss, x0, method="Nelder-Mead", options={"maxiter": 600}).x)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m profiles.analytical", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(DATA_DIR), help="folder for the profiles (default profiles/data)")
+    parser.add_argument("--out", default=str(DATA_DIR),
+                        help="folder for the shipped profiles (default profiles/data), or with --gpu the CSV to write")
+    parser.add_argument("--gpu", help=f"make one profile for this GPU ({', '.join(GPUS)}) instead of the shipped set")
+    parser.add_argument("--target", default="llama-2-7b", help="target model config (shipped name or path)")
+    parser.add_argument("--draft", default="llama-68m", help="draft model config (shipped name or path)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the target (default 1)")
+    parser.add_argument("--verification", default="multi-query", help=f"{' or '.join(VERIFICATIONS)}")
+    parser.add_argument("--weights", default="bf16", help=f"target projection weights: {', '.join(WEIGHT_BYTES)} "
+                                                          "(weight-only; default bf16)")
+    parser.add_argument("--draft-weights", default="bf16", help="draft projection weights (default bf16)")
     args = parser.parse_args(argv)
-    for path in write_all(args.out):
-        print(path)
+    if args.gpu is None:
+        for path in write_all(args.out):
+            print(path)
+        return 0
+    from simulator.costs.profile_table import write_profile
+
+    dep = Deployment(args.gpu, args.target, args.draft, args.tp, args.verification, args.weights, args.draft_weights)
+    frame, meta = analytical_profile(dep, GPU_GRID)
+    out = Path(args.out)
+    if out.is_dir():
+        out = out / f"{dep.stem}.csv"
+    write_profile(frame, meta, out)
+    print(out)
     return 0
 
 

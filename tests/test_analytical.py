@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from profiles.analytical import (DATA_DIR, DEPLOYMENTS, GPUS, Architecture, analytical_profile, kv_fits,
-                                 pass_cost, read_model_config, write_all)
+from profiles.analytical import (DATA_DIR, DEPLOYMENTS, GPUS, Architecture, Deployment, Efficiency,
+                                 analytical_profile, fit_efficiency, kv_fits, pass_cost, read_model_config, write_all)
 from profiles.grid import GPU_GRID
 from simulator.costs.cost_model import load_cost_model
 from policies.errors import UserError
@@ -34,19 +36,23 @@ def test_parameter_counts_match_the_published_model_sizes():
     assert Architecture.from_config("qwen2.5-7b").params == 7_615_616_512  # with q/k/v biases
 
 
+#: Round efficiencies for hand computations (the formula, not the fitted factors, is under test here).
+ROUND = Efficiency(compute=0.8, bandwidth=0.9, overhead_fixed_s=3e-4, overhead_per_layer_s=1e-5)
+
+
 def test_7b_decode_at_batch_1_is_bandwidth_bound_at_weights_over_bandwidth():
-    cost = pass_cost(LLAMA_7B, H100, "decode", batch_size=1, query_len=1, context_len=128)
+    cost = pass_cost(LLAMA_7B, H100, "decode", batch_size=1, query_len=1, context_len=128, eff=ROUND)
     # Hand computation: 32 layers x 202,383,360 projection weights x 2 bytes, read once at 0.9 x 3.35 TB/s.
     weights_s = 32 * 202_375_168 * 2 / (0.9 * 3.35e12)
     assert weights_s == pytest.approx(4.295e-3, rel=1e-3)
     assert cost.linear_s == pytest.approx(weights_s, rel=0.01)  # + a few KB of activations
-    assert cost.fixed_s == pytest.approx(3e-4 + 32 * 1e-5)
+    assert cost.overhead_s == pytest.approx(3e-4 + 32 * 1e-5)
     assert cost.comm_s == 0.0
     assert cost.seconds == pytest.approx(5.03e-3, rel=0.01)
 
 
 def test_7b_prefill_of_16k_tokens_is_compute_bound_at_2_flops_per_weight_and_token():
-    cost = pass_cost(LLAMA_7B, H100, "prefill", batch_size=4, query_len=4096, context_len=0)
+    cost = pass_cost(LLAMA_7B, H100, "prefill", batch_size=4, query_len=4096, context_len=0, eff=ROUND)
     assert cost.linear_s == pytest.approx(2 * 16384 * 32 * 202_375_168 / (0.8 * 989e12), rel=1e-9)
     # causal attention: 4 x heads x head_dim x P (P + 1) / 2 FLOPs per sequence and layer
     attention_flops = 32 * 4 * 4 * 4096 * (4096 + 1) / 2 * 32 * 128
@@ -106,9 +112,42 @@ def test_profile_rows_are_the_grid_points_that_fit():
                                               .itertuples(index=False, name=None))
     assert ("target", "decode", 256, 1, 4096) in left_out
     assert ("target", "decode", 1, 9, 4096) not in left_out
-    assert meta["method"] == "analytical" and meta["efficiency"] == {
-        "compute": 0.8, "bandwidth": 0.9, "link": 0.75, "collective_latency_s": 1e-5, "fixed_s": 3e-4,
-        "per_layer_s": 1e-5}
+    assert meta["method"] == "analytical" and meta["efficiency"] == asdict(Efficiency())
+    assert meta["target"]["weights"] == meta["draft"]["weights"] == "bf16"
+
+
+def test_weight_only_precision_shrinks_weight_reads_and_memory_not_compute():
+    """int4 projection weights: a quarter of bf16's bytes, so a memory-bound decode pass reads about a quarter
+    of the weights, a compute-bound prefill costs the same, and the KV cache gets the memory freed."""
+    bf16, int4 = (pass_cost(LLAMA_7B, H100, "decode", 1, 1, 128, eff=ROUND, weight_bytes=w) for w in (2.0, 0.5))
+    assert int4.linear_s == pytest.approx(bf16.linear_s / 4, rel=0.01)
+    assert int4.lm_head_s == bf16.lm_head_s  # the LM head stays bf16
+    big = [pass_cost(LLAMA_7B, H100, "prefill", 4, 4096, 0, eff=ROUND, weight_bytes=w).linear_s for w in (2.0, 0.5)]
+    assert big[0] == big[1]
+    linear = LLAMA_7B.num_layers * LLAMA_7B.layer_linear_params
+    assert LLAMA_7B.weight_bytes(2, 0.5) == LLAMA_7B.weight_bytes(2) - 1.5 * linear
+    dep = Deployment("h100-80gb", "llama-2-7b", "llama-68m", 1, weights="int4")
+    assert dep.stem == "h100-80gb-analytical-int4__llama-2-7b__llama-68m"
+    frame4, meta4 = analytical_profile(dep, GPU_GRID)
+    frame16, meta16 = analytical_profile(Deployment("h100-80gb", "llama-2-7b", "llama-68m", 1), GPU_GRID)
+    assert meta4["memory"]["target_weight_gb"] < meta16["memory"]["target_weight_gb"] / 3
+    assert meta4["points_left_out"] <= meta16["points_left_out"]
+    with pytest.raises(UserError, match="--weights: must be one of bf16, fp8, int8, int4"):
+        Deployment("h100-80gb", "llama-2-7b", "llama-68m", 1, weights="int3")
+
+
+def test_the_efficiency_fit_recovers_the_factors_that_made_the_passes():
+    """Passes priced with known factors are fitted back to them (the fit that calibrates the shipped defaults
+    to the measured H200 profiles)."""
+    truth = Efficiency(compute=0.55, bandwidth=0.7, overhead_fixed_s=1.2e-4, overhead_per_layer_s=5e-5)
+    rows = [{"role": role, "phase": phase, "batch_size": b, "query_len": q, "context_len": c,
+             "seconds": pass_cost(Architecture.from_config(name), GPUS["h200"], phase, b, q, c, eff=truth).seconds}
+            for role, name in (("target", "llama-2-7b"), ("draft", "llama-68m"))
+            for phase, b, q, c in (("decode", 1, 1, 128), ("decode", 64, 4, 1024), ("decode", 8, 1, 4096),
+                                   ("prefill", 1, 512, 0), ("prefill", 4, 2048, 0))]
+    fitted = fit_efficiency([("llama-2-7b", "llama-68m", pd.DataFrame(rows))])
+    for name in ("compute", "bandwidth", "overhead_fixed_s", "overhead_per_layer_s"):
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=0.05), name
 
 
 def test_shipped_files_are_what_the_generator_writes(tmp_path):
