@@ -111,7 +111,11 @@ def test_records_have_the_simulators_schema_and_add_up(pair, close_draft, reques
         workload.output_tokens.sum()
     acc = result.acceptance.groupby("request_id")[["proposed", "accepted"]].sum()
     assert acc["proposed"].tolist() == req["proposed_tokens"][acc.index].tolist()
-    assert acc["accepted"].tolist() == req["accepted_tokens"][acc.index].tolist()
+    # the trace keeps what the target accepted (the replay's input); the request counts only accepted tokens it
+    # emitted, none past its last output token
+    assert (req["accepted_tokens"][acc.index] <= acc["accepted"]).all()
+    assert (req["accepted_tokens"] <= req["output_tokens"] - 1).all()
+    assert (acc["accepted"] - req["accepted_tokens"][acc.index]).sum() <= 3 * len(acc)  # at most k past the end
     assert (result.acceptance["accepted"] <= result.acceptance["proposed"]).all()
 
 
