@@ -15,6 +15,7 @@ masking and padding):
 - draft decode ``(b, 1, c)``: :meth:`StepRunner.draft_pass`, one token per sequence;
 - target and draft prefill ``(b, P)``: :meth:`StepRunner.prefill` of ``b`` prompts of ``P`` tokens (one
   pass each, merged into one cache), and for the target the first tokens;
+- target prefill_overhead ``(b)``: the same for a step that prefills ``b`` prompts (its bookkeeping differs);
 - target overhead ``(b)``: the engine's step seconds beyond its timed passes (scheduling, the policy,
   bookkeeping, compacting caches when requests finish), measured in a closed-loop run with ``b`` requests
   at a time (``2 b`` requests of random prompts of the middle prefill length, all arriving at once,
@@ -220,7 +221,7 @@ def measure_overhead(pair: ModelPair, settings: EngineProfileSettings,
     grid = settings.grid
     prompt_len = grid.prefill_lens[len(grid.prefill_lens) // 2] if grid.prefill_lens else 64
     vocab = pair.target.config.vocab_size
-    rows, details = [], {}
+    rows, details, prefills = [], {}, []
     for b in grid.batch_sizes:
         n = 2 * b
         workload = Workload(np.zeros(n), np.full(n, prompt_len), np.full(n, OVERHEAD_OUTPUT_LEN), "overhead run")
@@ -239,6 +240,15 @@ def measure_overhead(pair: ModelPair, settings: EngineProfileSettings,
                      "num_layers": pair.target.config.num_hidden_layers})
         details[str(b)] = {"decode_steps": len(decode), "decode_overhead_mean": float(decode["overhead"].mean()),
                            "prefill_overhead_mean": float(prefill["overhead"].mean())}
+        prefills.append(prefill)
+    # A prefill-only step's overhead (merging the new sequences' caches, first tokens, bookkeeping) is not a decode
+    # step's: its own rows, by the number of prompts the step prefilled.
+    for b, part in pd.concat(prefills).groupby("batch_size"):
+        rows.append({"role": "target", "phase": "prefill_overhead", "batch_size": int(b), "query_len": 1,
+                     "context_len": 0, "seconds": float(part["overhead"].mean()),
+                     "seconds_p10": float(part["overhead"].quantile(0.1)),
+                     "seconds_p90": float(part["overhead"].quantile(0.9)), "repeats": len(part),
+                     "num_layers": pair.target.config.num_hidden_layers})
     return rows, details
 
 

@@ -362,7 +362,7 @@ GOOD_ROWS = "target,decode,1,1,128,0.013\ntarget,prefill,1,128,0,0.02\n"
     (CSV_HEADER + GOOD_ROWS + "target,decode,1.5,1,128,0.01\n", "row 3 batch_size must be an integer >= 1"),
     (CSV_HEADER + GOOD_ROWS + "target,decode,0,1,128,0.01\n", "row 3 batch_size must be an integer >= 1 (got 0)"),
     (CSV_HEADER + GOOD_ROWS + "draft,decode,1,3,128,0.01\n", "row 3 query_len must be 1 for a draft decode pass"),
-    (CSV_HEADER + GOOD_ROWS + "draft,overhead,1,0,0,0.01\n", "row 3 role must be target for phase overhead"),
+    (CSV_HEADER + GOOD_ROWS + "draft,overhead,1,0,0,0.01\n", "row 3 role must be target for an overhead phase"),
     (CSV_HEADER + GOOD_ROWS + "target,prefill,1,64,64,0.01\n", "row 3 context_len must be 0 for prefill"),
     (CSV_HEADER + "target,decode,1,1,128,0.013\n", "no rows with role target, phase prefill (required)"),
     ("", "empty file"),
@@ -470,3 +470,30 @@ def test_a_cost_model_with_only_scalar_methods_gets_the_batch_methods_and_runs_i
     for policy in ("no-spec", "fixed-k"):
         ours, shipped = run_engine_with_cost(mine, policy), run_engine_with_cost(base, policy)
         assert ours.steps == shipped.steps and ours.num_steps == shipped.num_steps
+
+
+@pytest.mark.parametrize("fitter", ["linear", "interp"])
+def test_a_prefill_step_has_its_own_overhead_when_the_profile_measured_it(tmp_path, cache_dir, fitter):
+    """Rows of phase prefill_overhead give prefill-only steps their own per-step seconds; without them a prefill
+    step's overhead is a decode step's."""
+    import pandas as pd
+
+    frame = synthetic_frame()
+    assert "prefill_overhead" not in set(frame["phase"]) and "overhead" in set(frame["phase"])
+    prefill_overhead = pd.DataFrame([{"role": "target", "phase": "prefill_overhead", "batch_size": b, "query_len": 1,
+                                      "context_len": 0, "seconds": 0.0005 + 0.001 * b} for b in (1, 2, 4)])
+    plain, both = tmp_path / "plain.csv", tmp_path / "both.csv"
+    write_profile(frame, {"method": "analytical"}, plain)
+    write_profile(pd.concat([frame, prefill_overhead]), {"method": "analytical"}, both)
+    without, with_ = load_cost_model(plain, fitter), load_cost_model(both, fitter)
+    assert without.prefill_overhead_time(2) == without.overhead_time(2) > 0
+    assert with_.overhead_time(2) == without.overhead_time(2)
+    assert with_.prefill_overhead_time(2) == pytest.approx(0.0025)
+    assert load_cost_model(with_.to_dict() and _saved(with_, tmp_path)).prefill_overhead_time(4) == \
+        pytest.approx(0.0045)
+
+
+def _saved(model, folder):
+    path = folder / "saved.json"
+    model.save(path)
+    return path

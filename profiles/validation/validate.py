@@ -392,7 +392,7 @@ def step_parts(steps: pd.DataFrame, cost: typing.Any) -> pd.DataFrame:
             predicted["verify"] += cost.target_time(b, int(s.proposed) + b, int(s.context_tokens))
             predicted["draft"] += sum(cost.draft_time(b, int(s.context_tokens) + b * j) for j in range(int(s.k_max)))
         measured["overhead"] += s.seconds - s.target_seconds - s.draft_seconds
-        predicted["overhead"] += cost.overhead_time(b)
+        predicted["overhead"] += cost.prefill_overhead_time(b) if s.kind == "prefill" else cost.overhead_time(b)
     rows = [{"part": p, "measured": measured[p], "predicted": predicted[p]} for p in measured]
     rows.append({"part": "all steps", "measured": sum(measured.values()), "predicted": sum(predicted.values())})
     return pd.DataFrame(rows)

@@ -202,7 +202,7 @@ class SimulatedEngine(DecodeRuns):
 
     def _prefill_step(self):
         chunks = [(entry, entry.total) for entry in self.prefilling]
-        seconds = self._prefill_seconds(chunks) + self.cost.overhead_time(len(chunks))
+        seconds = self._prefill_seconds(chunks) + self.cost.prefill_overhead_time(len(chunks))
         start = self.env.now
         yield self.env.timeout(seconds)
         self.rec.step(start, seconds, "prefill", len(chunks), sum(c for _, c in chunks),
@@ -222,7 +222,7 @@ class SimulatedEngine(DecodeRuns):
         if not self.rid and not chunks:
             raise RuntimeError("scheduler stalled: nothing to run")  # impossible after _check_fits
         # predict_step_seconds includes the step's overhead; a prefill-only step pays its own
-        seconds = self._decode_seconds(proposed) if self.rid else self.cost.overhead_time(len(chunks))
+        seconds = self._decode_seconds(proposed) if self.rid else self.cost.prefill_overhead_time(len(chunks))
         if chunks:
             seconds += self._prefill_seconds(chunks)
         start = self.env.now

@@ -29,7 +29,8 @@ sum_i (k_i + 1) tokens) + overhead, with prefill from the same model (DESIGN.md)
 
 A CSV profile needs rows for target/prefill and target/decode; draft/decode and draft/prefill are
 optional. Its per-step overhead comes from rows with role ``target``, phase ``overhead`` (fitted
-``base + per_seq * batch_size``), and is 0 without them. Fitted models are cached (see
+``base + per_seq * batch_size``), and is 0 without them; a prefill step's from phase ``prefill_overhead`` rows
+when the profile has them (an engine's prefill step does other work than its decode step), else the same. Fitted models are cached (see
 :func:`load_cost_model`).
 """
 from __future__ import annotations
@@ -71,9 +72,10 @@ AXES = {
 }
 #: Coefficient-JSON block of each (role, phase), and the kind of pass it describes.
 BLOCKS = {("target", "decode"): "target", ("draft", "decode"): "draft", ("target", "prefill"): "prefill",
-          ("draft", "prefill"): "draft_prefill", ("target", "overhead"): "overhead"}
+          ("draft", "prefill"): "draft_prefill", ("target", "overhead"): "overhead",
+          ("target", "prefill_overhead"): "prefill_overhead"}
 KIND = {"target": "decode", "draft": "decode", "prefill": "prefill", "draft_prefill": "prefill",
-        "overhead": "overhead"}
+        "overhead": "overhead", "prefill_overhead": "overhead"}
 #: Profile columns holding each natural axis (a prefill row's prompt length is its query_len).
 PROFILE_COLUMNS = {kind: ("batch_size", "query_len", "context_len")[:len(axes)] for kind, axes in AXES.items()}
 REQUIRED_BLOCKS = ("target", "prefill")
@@ -138,8 +140,13 @@ class CostModel:
         raise NotImplementedError
 
     def overhead_time(self, batch_size: int) -> float:
-        """Per-step scheduler and sampling seconds."""
+        """Per-step scheduler and sampling seconds of a decode step of ``batch_size`` sequences."""
         raise NotImplementedError
+
+    def prefill_overhead_time(self, batch_size: int) -> float:
+        """Per-step seconds beyond the passes of a prefill-only step of ``batch_size`` prompts (default: as a
+        decode step's, :meth:`overhead_time`)."""
+        return self.overhead_time(batch_size)
 
     def has(self, role: str, phase: str) -> bool:
         """Whether the model has costs for ``role`` (target, draft) in ``phase`` (prefill, decode, overhead)."""
@@ -203,6 +210,12 @@ class LinearCostModel(CostModel):
 
     def overhead_time(self, batch_size: int) -> float:
         base, per_seq = self._overhead
+        return base + per_seq * batch_size
+
+    def prefill_overhead_time(self, batch_size: int) -> float:
+        if "prefill_overhead" not in self._coef:
+            return self.overhead_time(batch_size)
+        base, per_seq = self._coef["prefill_overhead"]
         return base + per_seq * batch_size
 
     def has(self, role: str, phase: str) -> bool:
@@ -489,6 +502,8 @@ def predict_row(model: CostModel, role: str, phase: str, b: int, q: int, c: int)
         return model.target_time(b, b * q, b * c) if role == "target" else model.draft_time(b, b * c)
     if phase == "prefill":
         return model.prefill_time(b, b * q, role)
+    if phase == "prefill_overhead":
+        return model.prefill_overhead_time(b)
     return model.overhead_time(b)
 
 
@@ -612,7 +627,7 @@ def _grid(data: Any, coefficients: Coefficients, path: str) -> Grid:
         raise UserError(f"{path}: grid must be an object (got {type(data).__name__})")
     grid: Grid = {}
     for block, axes in data.items():
-        if block not in coefficients or block == "overhead":
+        if block not in coefficients or KIND[block] == "overhead":
             raise UserError(f"{path}: grid.{block} names no decode or prefill block of this model")
         names = AXES[KIND[block]]
         if not isinstance(axes, dict) or sorted(axes) != sorted(names):

@@ -5,8 +5,9 @@ A profile is a CSV with one row per point and a metadata file beside it, ``<stem
 Required columns (units: sequences, tokens, seconds):
 
 - ``role``: ``target`` or ``draft``;
-- ``phase``: ``prefill``, ``decode``, or ``overhead`` (role ``target`` only: the per-step scheduler and
-  sampling seconds of a step over ``batch_size`` sequences; ``query_len`` and ``context_len`` are ignored);
+- ``phase``: ``prefill``, ``decode``, ``overhead`` or ``prefill_overhead`` (role ``target`` only: the per-step
+  scheduler and sampling seconds of a decode step, or of a prefill-only step, over ``batch_size`` sequences;
+  ``query_len`` and ``context_len`` are ignored);
 - ``batch_size``: sequences in the pass (>= 1);
 - ``query_len``: new tokens per sequence: the prompt length for prefill, k + 1 for a target
   decode/verification pass, 1 for a draft decode pass;
@@ -43,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
 
 ROLES = ("target", "draft")
-PHASES = ("prefill", "decode", "overhead")
+PHASES = ("prefill", "decode", "overhead", "prefill_overhead")
 REQUIRED_COLUMNS = ("role", "phase", "batch_size", "query_len", "context_len", "seconds")
 OPTIONAL_COLUMNS = ("seconds_p10", "seconds_p90", "repeats", "num_layers")
 TABLE_METHODS = ("measured", "analytical")
@@ -192,8 +193,8 @@ def validate_frame(frame: pd.DataFrame, where: str) -> pd.DataFrame:
             values = _numeric(out[column], where, 0, allow_missing=True)
             if not pd.api.types.is_numeric_dtype(out[column]):
                 out[column] = values
-    overhead = out["phase"] == "overhead"
-    _rule(out, overhead & (out["role"] != "target"), where, "role", "must be target for phase overhead")
+    overhead = out["phase"].isin(["overhead", "prefill_overhead"])
+    _rule(out, overhead & (out["role"] != "target"), where, "role", "must be target for an overhead phase")
     _rule(out, ~overhead & (out["query_len"] < 1), where, "query_len", "must be >= 1")
     _rule(out, (out["phase"] == "prefill") & (out["context_len"] != 0), where, "context_len",
           "must be 0 for prefill (prefill over a cached prefix is not modelled)")
