@@ -132,6 +132,8 @@ def test_the_decision_a_user_makes_is_read_off_the_latency_table():
         [1.0, "goodput", "goodput", True], [4.0, "fixed-k:3", "goodput", False], [8.0, "no-spec", "goodput", False]]
     assert choices["speculation_pays_real"].tolist() == [True, True, False]
     assert crossover(choices, "real") == 8.0 and np.isnan(crossover(choices, "sim"))
+    without_baseline = policy_choices(pd.DataFrame([r for r in rows if r["policy"] != "no-spec"]))
+    assert without_baseline["speculation_pays_real"].isna().all() and np.isnan(crossover(without_baseline, "real"))
 
 
 def test_decision_figures_count_what_a_policy_chose():

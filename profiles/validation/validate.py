@@ -322,7 +322,9 @@ def policy_choices(table: pd.DataFrame) -> pd.DataFrame:
             row[f"best_{side}"] = best["policy"]
             plain = part[part["policy"] == "no-spec"]
             spec = part[part["policy"] != "no-spec"]
-            row[f"speculation_pays_{side}"] = bool(len(plain) and len(spec) and spec[side].min() < plain[side].iloc[0])
+            # undefined (None) unless both no-spec and a speculative policy were validated
+            row[f"speculation_pays_{side}"] = bool(spec[side].min() < plain[side].iloc[0]) \
+                if len(plain) and len(spec) else None
         row["same_choice"] = row["best_real"] == row["best_sim"]
         rows.append(row)
     return pd.DataFrame(rows)
@@ -330,8 +332,8 @@ def policy_choices(table: pd.DataFrame) -> pd.DataFrame:
 
 def crossover(choices: pd.DataFrame, side: str) -> float:
     """The lowest validated rate at which speculation stops paying (``side``: real or sim); NaN if it pays at
-    every validated rate."""
-    stops = choices.loc[~choices[f"speculation_pays_{side}"], "rate"]
+    every validated rate, or if no-spec was not validated."""
+    stops = choices.loc[choices[f"speculation_pays_{side}"].eq(False), "rate"]
     return float(stops.min()) if len(stops) else float("nan")
 
 
