@@ -77,8 +77,12 @@ class StepShape:
 def step_shape(context_lens: Sequence[int] | np.ndarray, ks: Sequence[int] | np.ndarray) -> StepShape:
     """Shape of a step with proposal ``ks[i]`` for the request with ``context_lens[i]`` tokens of context.
 
-    Vectorised (a fixed handful of numpy calls whatever the batch size): the engine calls it every step.
+    Vectorised (a fixed handful of numpy calls whatever the batch size) for arrays; plain Python for lists (the
+    simulator's per-step path, where the batch is a list of tens: faster than numpy's calls; integer counts, so the
+    same shape, tested).
     """
+    if isinstance(context_lens, list) and isinstance(ks, list):
+        return _step_shape_lists(context_lens, ks)
     ctx = np.asarray(context_lens, dtype=np.int64)
     kk = np.asarray(ks, dtype=np.int64)
     batch = int(kk.size)
@@ -91,6 +95,20 @@ def step_shape(context_lens: Sequence[int] | np.ndarray, ks: Sequence[int] | np.
     tokens = np.cumsum(np.bincount(kk, weights=ctx, minlength=k_max + 1)[::-1])[::-1][1:]
     tokens = tokens.astype(np.int64) + seqs * np.arange(k_max, dtype=np.int64)
     return StepShape(batch, int(kk.sum()) + batch, context_tokens, tuple(zip(seqs.tolist(), tokens.tolist())))
+
+
+def _step_shape_lists(context_lens: list[int], ks: list[int]) -> StepShape:
+    """:func:`step_shape` of plain lists of ints, in plain Python."""
+    batch = len(ks)
+    context_tokens = sum(context_lens)
+    k_max = max(ks) if batch else 0
+    if batch == 0 or min(ks) == k_max:
+        return uniform_step_shape(batch, context_tokens, k_max)
+    passes = []
+    for j in range(k_max):  # pass j + 1 runs every request with k_i > j, each reading c_i + j tokens
+        reading = [c for c, k in zip(context_lens, ks) if k > j]
+        passes.append((len(reading), sum(reading) + len(reading) * j))
+    return StepShape(batch, sum(ks) + batch, context_tokens, tuple(passes))
 
 
 def uniform_step_shape(batch_size: int, context_tokens: int, k: int) -> StepShape:

@@ -84,6 +84,14 @@ class Recorder:
         self.spec_steps[rid] += steps * (proposed > 0)
         self.spec_emitted[rid] += np.where(proposed > 0, emitted, 0)
 
+    def add_decode(self, rid: int, proposed: int, accepted: int, steps: int, emitted: int) -> None:
+        """:meth:`decode` of one request's totals over steps that proposed (the simulator hands them over when the
+        request leaves the batch): tokens proposed, accepted draft tokens emitted, steps, tokens emitted."""
+        self.proposed[rid] += proposed
+        self.accepted[rid] += accepted
+        self.spec_steps[rid] += steps
+        self.spec_emitted[rid] += emitted
+
     @property
     def keeps_steps(self) -> bool:
         """Whether each step is recorded (``save_steps``); else only counted."""

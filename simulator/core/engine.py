@@ -113,6 +113,13 @@ class SimulatedEngine(DecodeRuns):
         self.ctx: list[int] = []
         self.left: list[int] = []
         self.blocks: list[int] = []
+        # Speculative outcome of each running request since it joined the batch (proposed, accepted emitted,
+        # speculative steps, tokens emitted by them), handed to the recorder when it leaves (speed shortcut: plain
+        # Python adds per step instead of the recorder's numpy adds; integer sums, so the same totals).
+        self.totals: list[list[int]] = []
+        self._observes = type(policy).observe is not Policy.observe
+        """Whether the policy learns from outcomes (else no StepOutcome is built; speed shortcut)."""
+        self._match = _Uniforms(ngram_rng)
         # n-gram lookups hit or miss step by step, so only a draft model (or no speculation) runs steps together
         self.runs = (spec.run_steps > 1 and getattr(policy, "stationary", False) and not spec.chunked_prefill
                      and (spec.draft_proposer or not spec.speculative))
@@ -217,7 +224,7 @@ class SimulatedEngine(DecodeRuns):
             proposed = self._propose()
             self._reserve_decode_blocks(proposed)
             proposed = proposed[: len(self.rid)]
-        budget = s.max_num_batched_tokens - (int(proposed.sum()) + len(self.rid) if decoding else 0)
+        budget = s.max_num_batched_tokens - (sum(proposed) + len(self.rid) if decoding else 0)
         chunks = self._plan_chunks(max(budget, 0))
         if not self.rid and not chunks:
             raise RuntimeError("scheduler stalled: nothing to run")  # impossible after _check_fits
@@ -303,25 +310,27 @@ class SimulatedEngine(DecodeRuns):
                 self.ctx.append(tokens)  # prompt + generated - 1
                 self.left.append(left)
                 self.blocks.append(blocks)
+                self.totals.append([0, 0, 0, 0])
 
-    def _propose(self) -> np.ndarray:
+    def _propose(self) -> list[int]:
         """Ask the policy for k per running request, validate it, and apply the n-gram lookup's misses."""
-        generated = [self.output[r] - t for r, t in zip(self.rid, self.left)]
+        output = self.output
+        generated = [output[r] - t for r, t in zip(self.rid, self.left)]
         view = BatchView(self.env.now, np.array(self.rid, dtype=np.int64), np.array(self.ctx, dtype=np.int64),
                          np.array(generated, dtype=np.int64), len(self.waiting), self.policy_cost, self.spec.max_k,
                          self.spec.draft_proposer)
-        k = checked_proposal(self.policy.name, self.policy.propose(view), len(self.rid), self.spec.max_k)
-        values = k.tolist()
+        values = checked_proposal(self.policy.name, self.policy.propose(view), len(self.rid), self.spec.max_k).tolist()
         if not self.spec.draft_proposer and any(values):
-            k = np.where(self.ngram_rng.random(k.size) < self.spec.ngram_match_prob, k, 0)
-        return k
+            p = self.spec.ngram_match_prob
+            values = [k if u < p else 0 for k, u in zip(values, self._match.take(len(values)))]
+        return values
 
-    def _reserve_decode_blocks(self, proposed: np.ndarray) -> None:
+    def _reserve_decode_blocks(self, proposed: list[int]) -> None:
         """Reserve the lookahead slots of this step, preempting newest requests while blocks run out."""
         bs = self.spec.block_size
         while True:
             # ceil((ctx + k + 1) / bs) blocks each
-            grow = [max((c + k + bs) // bs - b, 0) for c, k, b in zip(self.ctx, proposed.tolist(), self.blocks)]
+            grow = [max((c + k + bs) // bs - b, 0) for c, k, b in zip(self.ctx, proposed, self.blocks)]
             total = sum(grow)
             if total <= self.free_blocks:
                 self.free_blocks -= total
@@ -341,17 +350,18 @@ class SimulatedEngine(DecodeRuns):
             self.ctx.pop()
             self.generated[rid] = self.output[rid] - self.left.pop()
             self.free_blocks += self.blocks.pop()
+            self._record_spec(rid, self.totals.pop())
             self.policy.finish(rid)
         if not self.rid and not self.prefilling:
             raise RuntimeError("preempted the only request")  # impossible after _check_fits
         self.waiting.appendleft(rid)
         self.rec.preempt(rid, now)
 
-    def _decode_seconds(self, proposed: np.ndarray) -> float:
+    def _decode_seconds(self, proposed: list[int]) -> float:
         """Draft passes + verification + overhead of the decode batch (the policies' formula)."""
         return predict_step_seconds(self.cost, self.ctx, proposed, self.spec.draft_proposer)
 
-    def _decode_step(self, proposed: np.ndarray | None = None):
+    def _decode_step(self, proposed: list[int] | None = None):
         if proposed is None:
             proposed = self._propose()
         self._reserve_decode_blocks(proposed)
@@ -361,28 +371,45 @@ class SimulatedEngine(DecodeRuns):
         yield self.env.timeout(seconds)
         self._apply_decode(start, seconds, "decode", proposed, 0)
 
-    def _apply_decode(self, start: float, seconds: float, kind: str, proposed: np.ndarray,
+    def _apply_decode(self, start: float, seconds: float, kind: str, proposed: list[int],
                       prefill_tokens: int) -> None:
-        """Verification outcome: draw acceptances, append tokens, report to the policy, retire finished requests."""
+        """Verification outcome: draw acceptances, append tokens, report to the policy, retire finished requests.
+        Plain Python over the batch (at serving batch sizes, tens, it beats small numpy calls several times over)."""
         now = self.env.now
-        rid = np.array(self.rid, dtype=np.int64)
-        if proposed.any():
-            accepted = self.acceptance.draw(rid, proposed)
-            emitted = np.minimum(accepted + 1, self.left)
-            self.rec.decode(rid, proposed, np.minimum(accepted, emitted), emitted)
+        rids, ctx, left = self.rid, self.ctx, self.left
+        if any(proposed):
+            accepted = self.acceptance.draw_list(rids, proposed)
+            emitted = [a + 1 if a < t else t for a, t in zip(accepted, left)]  # min(a + 1, t), t >= 1
+            for k, a, e, totals in zip(proposed, accepted, emitted, self.totals):
+                if k:
+                    totals[0] += k
+                    totals[1] += a if a < e else e  # accepted tokens emitted
+                    totals[2] += 1
+                    totals[3] += e
         else:
             accepted = proposed  # all zeros
-            emitted = np.minimum(accepted + 1, self.left)
-        self._advance(emitted.tolist())
-        self.rec.step(start, seconds, kind, rid.size, prefill_tokens, self.spec.num_gpu_blocks - self.free_blocks,
-                      len(self.waiting), proposed, accepted, emitted)
-        self.policy.observe(StepOutcome(now, rid, proposed, accepted, seconds))
-        self._retire(now)
+            emitted = [1] * len(rids)  # every running request has a token left
+        self.ctx = [c + e for c, e in zip(ctx, emitted)]
+        self.left = [t - e for t, e in zip(left, emitted)]
+        if self.rec.keeps_steps:
+            self.rec.step(start, seconds, kind, len(rids), prefill_tokens, self._blocks_used(), len(self.waiting),
+                          *(np.array(x, dtype=np.int64) for x in (proposed, accepted, emitted)))
+        else:
+            self.rec.num_steps += 1  # Recorder.step without the step row (inlined: speed shortcut)
+        if self._observes:
+            self.policy.observe(StepOutcome(now, np.array(rids, dtype=np.int64), np.array(proposed, dtype=np.int64),
+                                            np.array(accepted, dtype=np.int64), seconds))
+        if 0 in self.left:
+            self._retire(now)
 
     def _advance(self, emitted: list[int]) -> None:
         """Each running request emitted ``emitted[i]`` tokens (they enter its context)."""
         self.ctx = [c + e for c, e in zip(self.ctx, emitted)]
         self.left = [t - e for t, e in zip(self.left, emitted)]
+
+    def _blocks_used(self) -> int:
+        """KV blocks in use."""
+        return self.spec.num_gpu_blocks - self.free_blocks
 
     def _retire(self, now: float) -> None:
         """Free the requests that have emitted all their tokens."""
@@ -392,6 +419,34 @@ class SimulatedEngine(DecodeRuns):
             del self.ctx[i], self.left[i]
             self.generated[rid] = self.output[rid]
             self.free_blocks += self.blocks.pop(i)
+            self._record_spec(rid, self.totals.pop(i))
             self.rec.finish(rid, now)
             self.acceptance.finish(rid)
             self.policy.finish(rid)
+
+    def _record_spec(self, rid: int, totals: list[int]) -> None:
+        """Hand a leaving request's speculative totals (``self.totals``) to the recorder."""
+        if totals[0]:
+            self.rec.add_decode(rid, *totals)
+
+
+class _Uniforms:
+    """Uniform [0, 1) draws of one generator handed out in order, drawn :attr:`BLOCK` at a time (speed shortcut:
+    ``Generator.random`` fills element by element, so the values are those of draws of any size, bit for bit)."""
+
+    BLOCK = 4096
+
+    def __init__(self, rng: np.random.Generator) -> None:
+        self._rng = rng
+        self._buffer: list[float] = []
+        self._used = 0
+
+    def take(self, count: int) -> list[float]:
+        end = self._used + count
+        if end > len(self._buffer):
+            rest = self._buffer[self._used:]
+            self._buffer = rest + self._rng.random(max(self.BLOCK, count - len(rest))).tolist()
+            self._used, end = 0, count
+        out = self._buffer[self._used:end]
+        self._used = end
+        return out

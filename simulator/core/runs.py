@@ -44,11 +44,11 @@ class DecodeRuns:
         n = min(self.spec.run_steps, left_min)
         arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
                    else np.inf)
-        if proposed is None or not any(proposed.tolist()):
+        if proposed is None or not any(proposed):
             yield from self._quiet_run(n, left_min, arrival)
             return
         rid, ctx0, left, blocks = (np.array(x, dtype=np.int64) for x in (self.rid, self.ctx, self.left, self.blocks))
-        ks = proposed.tolist()
+        ks, proposed = proposed, np.array(proposed, dtype=np.int64)
         n = self._bound_by_arrival(n, arrival, self._run_seconds([sum(self.ctx)], ks, ctx0[None, :])[0])
         accepted = self.acceptance.draw_steps(rid, proposed, n)
         emitted = np.cumsum(accepted + 1, axis=0)  # tokens after steps 0..j, before the per-request cap
@@ -60,7 +60,7 @@ class DecodeRuns:
         if finishing.any():
             n = int(np.argmax(finishing)) + 1
         if n == 0:
-            yield from self._decode_step(proposed)  # this step must preempt
+            yield from self._decode_step(ks)  # this step must preempt
             return
         seconds = self._run_seconds(ctx[:n].sum(axis=1).tolist(), ks, ctx[:n])
         clock, n = self._clock(seconds, arrival)
@@ -106,7 +106,7 @@ class DecodeRuns:
         if added > self.free_blocks:  # grow(j) is non-decreasing: keep the steps whose blocks fit
             n = bisect_right(range(n), self.free_blocks, key=grow)
             if n == 0:
-                yield from self._decode_step(np.zeros(batch, dtype=np.int64))  # this step must preempt
+                yield from self._decode_step([0] * batch)  # this step must preempt
                 return
             after = held(n - 1)
             added = sum(after) - sum(blocks)

@@ -68,6 +68,10 @@ class AcceptanceModel:
         ``(steps, batch)``: row j is step j. The same draws as ``steps`` calls of :meth:`draw`."""
         return np.stack([self.draw(request_ids, proposed) for _ in range(steps)])
 
+    def draw_list(self, request_ids: list[int], proposed: list[int]) -> list[int]:
+        """:meth:`draw` on plain lists (the simulator's per-step path): the same draws, as a list."""
+        return self.draw(np.array(request_ids, dtype=np.int64), np.array(proposed, dtype=np.int64)).tolist()
+
     def finish(self, request_id: int) -> None:
         """Request ``request_id`` left decoding: free its state."""
 
@@ -86,18 +90,46 @@ class ConstantAcceptance(AcceptanceModel):
 
     name = "constant"
 
+    BLOCK = 4096
+    """Geometric draws taken from the generator at a time (speed shortcut, see :meth:`_successes`)."""
+
     def __init__(self, rate: float, rng: np.random.Generator) -> None:
         self.rate = float(rate)
         self._rng = rng
+        self._buffer: list[int] = []
+        self._used = 0
+
+    def _successes(self, count: int) -> list[int]:
+        """The next ``count`` values of G (successes before the first failure) of the stream.
+
+        Speed shortcut (drawn in blocks): the generator draws :attr:`BLOCK` values at a time and they are handed out
+        in order. numpy's ``Generator.geometric`` draws element by element from the bit generator, so the values
+        are those that draws of ``count`` at a time would give, bit for bit (``tests/test_fast_paths.py``); this
+        model is the only user of its generator."""
+        end = self._used + count
+        if end > len(self._buffer):
+            rest = self._buffer[self._used:]
+            more = max(self.BLOCK, count - len(rest))
+            self._buffer = rest + (self._rng.geometric(1.0 - self.rate, size=more) - 1).tolist()
+            self._used, end = 0, count
+        out = self._buffer[self._used:end]
+        self._used = end
+        return out
 
     def draw(self, request_ids: np.ndarray, proposed: np.ndarray) -> np.ndarray:
         return self.draw_steps(request_ids, proposed, 1)[0]
+
+    def draw_list(self, request_ids: list[int], proposed: list[int]) -> list[int]:
+        if self.rate == 1.0:
+            return list(proposed)
+        return [g if g < k else k for g, k in zip(self._successes(len(proposed)), proposed)]
 
     def draw_steps(self, request_ids: np.ndarray, proposed: np.ndarray, steps: int) -> np.ndarray:
         shape = (steps, len(proposed))
         if self.rate == 1.0:
             return np.broadcast_to(np.asarray(proposed, dtype=np.int64), shape).copy()
-        return np.minimum(self._rng.geometric(1.0 - self.rate, size=shape) - 1, proposed)
+        drawn = np.array(self._successes(steps * len(proposed)), dtype=np.int64).reshape(shape)
+        return np.minimum(drawn, proposed)
 
     def expected_rate(self) -> float:
         return self.rate

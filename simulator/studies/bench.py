@@ -1,12 +1,13 @@
 """Speed and memory benchmark: simulated requests per wall-second and peak memory.
 
-``python run_sim.py bench [--sizes 10000,100000] [--policies no-spec,fixed-k]`` runs each case in a fresh
+``python run_sim.py bench [--sizes 10000,100000] [--policies no-spec,fixed-k,goodput+ngram]`` runs each case in a fresh
 process (so start-up is counted and peak memory is that run's own), with request lengths sampled from
 the Azure LLM 2023 conversation trace (Splitwise, ISCA 2024; CC-BY 4.0) when ``../shared/traces`` is
 present, else a lognormal of similar medians; Poisson arrivals at 4 req/s; the shipped analytical
 Llama-2-7B (A100-80GB) cost model, the setting Vidur's reference numbers come from. It prints a table;
 the figures are noisy on shared machines, so compare ratios, not seconds. Then (``--calls N``, 0 to skip) the
-microseconds per call of the cost-model methods the engine calls millions of times a run.
+microseconds per call of the cost-model methods the engine calls millions of times a run. A policy may carry
+variants: ``+ngram`` (n-gram proposer), ``+chunked`` (chunked prefill); ``threshold`` runs with ``max_batch=8``.
 """
 from __future__ import annotations
 
@@ -26,8 +27,19 @@ BENCH_PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "data" / \
     "a100-80gb-analytical__llama-2-7b__llama-68m.csv"
 
 
+#: What a ``+variant`` of a policy in ``--policies`` changes in the case's config (e.g. ``fixed-k+ngram``).
+VARIANTS = {"ngram": {"proposer": "ngram"}, "chunked": {"scheduler": "chunked-prefill"}}
+#: Parameters of policies that need some (threshold: speculate while at most 8 requests run).
+POLICY_PARAMS = {"threshold": (("max_batch", 8),)}
+
+
 def _case_config(size: int, policy: str) -> dict:
-    config = {"rate": 4.0, "num_requests": size, "policy": policy, "k": 4, "seed": 0, "profile": str(BENCH_PROFILE)}
+    """The case ``policy`` (a policy name, optionally ``+ngram`` / ``+chunked``) of ``size`` requests."""
+    name, *variants = policy.split("+")
+    config = {"rate": 4.0, "num_requests": size, "policy": name, "k": 4, "seed": 0, "profile": str(BENCH_PROFILE),
+              "policy_params": POLICY_PARAMS.get(name, ())}
+    for variant in variants:
+        config.update(VARIANTS[variant])
     if AZURE_CONV.exists():
         config.update(length_dist="file", length_file=str(AZURE_CONV))
     else:
@@ -84,7 +96,7 @@ def main(argv: list[str]) -> int:
         return 0
     lengths = "Azure conv trace lengths" if AZURE_CONV.exists() else "lognormal lengths (trace absent)"
     print(f"Poisson 4 req/s, {lengths}, {BENCH_PROFILE.name}, k=4 for fixed-k")
-    print(f"{'requests':>9} {'policy':>8} {'steps':>9} {'process s':>10} {'req/s':>9} {'sim-only req/s':>15} "
+    print(f"{'requests':>9} {'policy':>16} {'steps':>9} {'process s':>10} {'req/s':>9} {'sim-only req/s':>15} "
           f"{'peak MB':>8}")
     for size in [int(s) for s in args.sizes.split(",") if s.strip()]:
         for policy in args.policies.split(","):
@@ -94,7 +106,7 @@ def main(argv: list[str]) -> int:
                                  check=True, capture_output=True, text=True).stdout
             wall = time.perf_counter() - start
             fig = json.loads(out.strip().splitlines()[-1])
-            print(f"{size:>9} {policy:>8} {fig['steps']:>9} {wall:>10.2f} {size / wall:>9.0f} "
+            print(f"{size:>9} {policy:>16} {fig['steps']:>9} {wall:>10.2f} {size / wall:>9.0f} "
                   f"{size / fig['sim_wall']:>15.0f} {fig['peak_mb']:>8.0f}")
     if args.calls > 0:
         print(f"cost-model calls ({args.calls} each):")
