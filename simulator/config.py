@@ -30,6 +30,8 @@ LENGTH_DISTS = ("fixed", "file", "lognormal")
 SCHEDULERS = ("prefill-first", "chunked-prefill")
 ACCEPTANCE_MODELS = ("constant", "beta", "position", "replay")
 FITTERS = ("linear", "interp")
+#: vLLM's ``--goodput`` metrics.
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 
 
 @dataclass(frozen=True)
@@ -38,90 +40,119 @@ class SimConfig:
 
     # --- workload -------------------------------------------------------------------------------
     arrival: str = "poisson"
-    """Arrival process: ``poisson``, ``gamma`` (rate and ``cv``) or ``trace`` (replay ``trace``)."""
+    """Arrival process: ``poisson``, ``gamma`` (rate and ``cv``; ``--burstiness B`` sets it with cv = 1/sqrt(B), vLLM's
+    ``--burstiness``) or ``trace`` (replay ``trace``)."""
     rate: float | None = None
-    """Mean arrival rate, requests/s (required for synthetic arrivals). With a trace: rescale its
-    inter-arrival times to this mean rate (``None``: the trace's own times)."""
+    """Mean arrival rate, requests/s, > 0 (required for synthetic arrivals; vLLM's ``--request-rate``). With a trace:
+    rescale its inter-arrival times to this mean rate (``None``: the trace's own times)."""
     cv: float = 1.0
-    """Coefficient of variation of Gamma inter-arrival times (1 = Poisson; >1 bursty)."""
+    """Coefficient of variation of Gamma inter-arrival times, in (0, 100] (1 = Poisson; > 1 bursty; only with
+    ``arrival=gamma``). vLLM's burstiness B is 1/cv^2."""
     num_requests: int | None = None
-    """Number of requests (truncates a trace). ``None``: all of the trace, or until ``duration``."""
+    """Number of requests, > 0 (truncates a trace; vLLM's ``--num-prompts``). ``None``: all of the trace, or until
+    ``duration``; synthetic arrivals need this or ``duration``."""
     duration: float | None = None
-    """Stop generating arrivals after this many seconds of simulated time."""
+    """Stop generating arrivals after this many seconds of simulated time (> 0; ``None``: no limit)."""
     trace: str | None = None
-    """Trace file: Azure LLM 2023 CSV or plain ``arrival_time,prompt_tokens,output_tokens``."""
+    """Trace file (only with ``arrival=trace``): Azure LLM 2023 CSV or plain ``arrival_time,prompt_tokens,output_tokens``
+    (seconds, tokens)."""
     trace_speedup: float | None = None
-    """Divide a trace's inter-arrival times by this factor (exclusive with ``rate`` for traces)."""
+    """Divide a trace's inter-arrival times by this factor, > 0 (exclusive with ``rate`` for traces)."""
     length_dist: str = "fixed"
-    """Lengths of synthetic requests: ``fixed``, ``file`` (sample rows of ``length_file``), ``lognormal``."""
+    """Lengths of synthetic requests: ``fixed``, ``file`` (sample rows of ``length_file``: a CSV or a ShareGPT JSON
+    dataset), ``lognormal``."""
     prompt_len: int = 512
-    """Prompt tokens (fixed), or the median prompt length (lognormal)."""
+    """Prompt tokens (fixed), or the median prompt length (lognormal); tokens, > 0."""
     output_len: int = 128
-    """Output tokens (fixed), or the median output length (lognormal)."""
+    """Output tokens (fixed), or the median output length (lognormal); tokens, > 0."""
     length_sigma: float = 1.0
-    """Sigma of log-length for the lognormal length distribution."""
+    """Sigma of log-length for the lognormal length distribution, in (0, 10]."""
     length_file: str | None = None
-    """CSV with ``num_prefill_tokens,num_decode_tokens`` (ShareGPT statistics) or ``prompt_tokens,output_tokens``."""
+    """Lengths to sample (only with ``length_dist=file``; ``--dataset-path`` sets both): a CSV with
+    ``num_prefill_tokens,num_decode_tokens`` (ShareGPT statistics) or ``prompt_tokens,output_tokens``, or a ShareGPT
+    JSON dataset (``[{"conversations": [{"from": "human", ...}, {"from": "gpt", ...}]}]``, as ``vllm bench serve
+    --dataset-name sharegpt``: first human turn the prompt, the next turn the output; token counts from ``tokenizer``,
+    else estimated as ceil(characters / 4))."""
     max_prompt_len: int = 8192
-    """Lognormal and file lengths are clipped to this many prompt tokens."""
+    """Lognormal and file lengths are clipped to this many prompt tokens (> 0)."""
     max_output_len: int = 4096
-    """Lognormal and file lengths are clipped to this many output tokens."""
+    """Lognormal and file lengths are clipped to this many output tokens (> 0)."""
+
+    tokenizer: str | None = None
+    """Hugging Face tokenizer (a name in the local cache, or a folder) that counts the tokens of a ShareGPT JSON
+    ``length_file``; used only when ``transformers`` is installed, nothing is downloaded. ``None``: counts
+    estimated as ceil(characters / 4), and the summary's ``workload`` says so."""
 
     # --- serving engine (vLLM terms) ------------------------------------------------------------
     max_num_seqs: int = 256
-    """At most this many running sequences."""
+    """At most this many running sequences (> 0; vLLM's ``max_num_seqs``)."""
     max_num_batched_tokens: int = 4096
-    """Token budget of one engine step (prefill tokens, plus decode tokens under chunked prefill)."""
+    """Token budget of one engine step, tokens > 0 (prefill tokens, plus decode tokens under chunked prefill)."""
     block_size: int = 16
-    """Tokens per KV-cache block."""
+    """Tokens per KV-cache block (> 0)."""
     num_gpu_blocks: int | None = None
-    """KV-cache blocks. ``None``: derived from the memory budget below and the profile's model sizes."""
+    """KV-cache blocks (> 0). ``None``: derived from the memory budget below and the profile's model sizes."""
     gpu_memory_gb: float | None = None
-    """Device memory, GiB. ``None``: from the profile's metadata."""
+    """Device memory, GiB (> 0). ``None``: from the profile's metadata."""
     gpu_memory_utilization: float = 0.9
-    """Fraction of device memory the engine may use (vLLM's ``gpu_memory_utilization``)."""
+    """Fraction of device memory the engine may use, in (0, 1] (vLLM's ``gpu_memory_utilization``)."""
     activation_reserve_gb: float = 2.0
-    """Memory kept for activations and workspace, GiB."""
+    """Memory kept for activations and workspace, GiB (>= 0)."""
     scheduler: str = "prefill-first"
     """``prefill-first`` (vLLM v0: a step is all prefill or all decode) or ``chunked-prefill`` (vLLM v1)."""
 
     # --- speculation ----------------------------------------------------------------------------
     policy: str = "no-spec"
-    """Speculation policy name (see ``policies.registry``)."""
+    """Speculation policy: ``no-spec``, ``fixed-k``, ``threshold`` (vLLM's disable-by-batch-size), ``goodput``
+    (SmartSpec), or a name a ``policy_file`` registers."""
     k: int = 4
-    """Proposal length for ``fixed-k`` and the upper bound (K_max) for adaptive policies."""
+    """Proposal length, tokens in [0, 64], for ``fixed-k`` and the upper bound (K_max) for adaptive policies (vLLM's
+    ``num_speculative_tokens``; ``--num-speculative-tokens`` is the same flag)."""
     policy_params: tuple[tuple[str, Any], ...] = ()
     """Extra policy parameters as (name, value) pairs; given on the command line as ``--policy-param name=value``."""
     policy_file: str | None = None
     """A Python file that registers user policies; loaded before ``policy`` is looked up."""
     proposer: str = "draft"
-    """``draft`` (a draft model, k sequential draft passes) or ``ngram`` (prompt lookup, no draft pass)."""
+    """Proposer: ``draft`` (a draft model, k sequential draft passes) or ``ngram`` (prompt lookup, no draft pass)."""
     ngram_match_prob: float = 0.5
-    """n-gram proposer: probability that the lookup finds a continuation at a step."""
+    """n-gram proposer: probability in [0, 1] that the lookup finds a continuation at a step."""
     acceptance: str = "constant"
-    """Acceptance model: ``constant`` (i.i.d. rate), ``beta`` (per-request rate), ``position``, ``replay``."""
+    """Acceptance model: ``constant`` (i.i.d. per token), ``beta`` (per-request probability), ``position`` (per
+    position j), ``replay`` (recorded steps of ``acceptance_trace``)."""
     acceptance_rate: float = 0.8
-    """Per-token acceptance probability (constant), or the Beta mean."""
+    """INPUT: the probability in [0, 1] that the target accepts each proposed token, given the ones before it were
+    accepted (Leviathan's alpha; ``constant``), or the Beta mean (``beta``). Flag ``--token-acceptance-prob``
+    (``--acceptance-rate`` is its old spelling). Not the measured ``acceptance_rate`` of a summary (accepted /
+    proposed tokens), which is lower: a rejection discards the proposed tokens after it (0.8 gives about 0.59 at
+    k = 4)."""
     acceptance_concentration: float = 10.0
-    """Beta concentration (alpha + beta) of per-request acceptance rates."""
+    """Beta concentration (alpha + beta) of per-request acceptance probabilities (> 0)."""
     acceptance_positions: tuple[float, ...] = ()
-    """Acceptance probability of the j-th proposed token, j = 1..; the last value repeats."""
+    """Acceptance probability in [0, 1] of the j-th proposed token, j = 1.., comma-separated; the last value repeats
+    (only with ``acceptance=position``)."""
     acceptance_trace: str | None = None
-    """CSV of recorded steps ``request_id,proposed,accepted`` for the replay model."""
+    """CSV of recorded steps ``request_id,proposed,accepted`` for the replay model (only with ``acceptance=replay``)."""
 
     # --- cost model -----------------------------------------------------------------------------
     profile: str = DEFAULT_SIM_PROFILE
-    """Cost model: a profile CSV (fitted here) or a coefficient JSON."""
+    """Cost model: a profile CSV (fitted here; ``profiles/data/*.csv``) or a coefficient JSON (default: the shipped
+    hand-written ``profiles/data/example.json``)."""
     fitter: str = "linear"
     """Fitter for a profile CSV: ``linear`` (SmartSpec's form) or ``interp`` (over the measured grid)."""
     policy_profile: str | None = None
     """Cost model the policy believes in; ``None``: the same as ``profile`` (a mis-profiled policy otherwise)."""
 
+    # --- metrics --------------------------------------------------------------------------------
+    goodput_slo: tuple[tuple[str, float], ...] = ()
+    """Per-request SLOs for vLLM's goodput, as ``vllm bench serve --goodput ttft:MS tpot:MS e2el:MS`` (milliseconds,
+    >= 0; any of ttft, tpot, e2el): the summary's ``request_goodput`` counts requests/s that meet all of them and
+    ``slo_attainment`` their fraction. Flag ``--goodput ttft:500 tpot:50``. Empty: no goodput figure."""
+
     # --- run ------------------------------------------------------------------------------------
     seed: int = 0
-    """Root of every random stream (one SeedSequence, one Generator per stream)."""
+    """Root of every random stream, an integer >= 0 (one SeedSequence, one Generator per stream)."""
     save_steps: bool = False
-    """Also write ``steps.csv`` (one row per engine step)."""
+    """Also write ``steps.csv`` (one row per engine step: its start, seconds, kind, batch size, k, tokens)."""
     strict_fit: bool = False
     """A request that can never fit in the KV cache (prompt + output + lookahead > the cache) stops the run
     (``--strict-fit``). Default: it is ignored, as vLLM does (v0 marks it FINISHED_IGNORED), the rest are served,
@@ -204,6 +235,16 @@ class SimConfig:
         if self.acceptance == "replay":
             require(self.acceptance_trace is not None,
                     "config: acceptance=replay needs --acceptance-trace FILE")
+        names = [name for name, _ in self.goodput_slo]
+        for name, bound in self.goodput_slo:
+            require(name in GOODPUT_METRICS, f"config: goodput_slo: unknown metric {name!r} "
+                                             f"(one of {', '.join(GOODPUT_METRICS)}, bounds in ms)")
+            require(bound >= 0, f"config: goodput_slo: {name} bound must be >= 0 ms, got {bound!r}")
+        require(len(set(names)) == len(names), f"config: goodput_slo: a metric given twice ({names})")
+        if self.tokenizer is not None:
+            require(self.length_file is not None and self.length_file.lower().endswith(".json"),
+                    f"config: tokenizer {self.tokenizer} counts the tokens of a ShareGPT JSON length_file only; "
+                    "add --dataset-path FILE.json")
         require(isinstance(self.seed, int) and self.seed >= 0, f"config: seed must be an integer >= 0, got {self.seed}")
 
     # --------------------------------------------------------------------------------------------
@@ -234,6 +275,12 @@ class SimConfig:
             require(isinstance(positions, (list, tuple)),
                     f"{source}: acceptance_positions must be a list of numbers, got {positions!r}")
             kwargs["acceptance_positions"] = tuple(positions)
+        if "goodput_slo" in kwargs:
+            slo = kwargs["goodput_slo"]
+            require(isinstance(slo, (list, tuple)) and all(
+                isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) for p in slo),
+                f"{source}: goodput_slo must be a list of [metric, milliseconds] pairs, got {slo!r}")
+            kwargs["goodput_slo"] = tuple((n, v) for n, v in slo)
         if "policy_params" in kwargs:
             params = kwargs["policy_params"]
             require(isinstance(params, (list, tuple)) and all(
@@ -287,6 +334,12 @@ def _check_types(config: "SimConfig") -> None:
             require(isinstance(value, tuple), f"config: {f.name} must be a list of numbers, got {shown}")
             for v in value:
                 _number(f.name, v)
+        elif f.name == "goodput_slo":
+            require(isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
+                                                     for p in value),
+                    f"config: goodput_slo must be (metric, milliseconds) pairs, got {shown}")
+            for _, v in value:
+                _number("goodput_slo", v)
         elif f.name == "policy_params":
             require(isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str)
                                                      for p in value),

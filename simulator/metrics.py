@@ -12,6 +12,23 @@ accepted_tokens <= output_tokens - 1. Acceptance rate = accepted / proposed draf
 length = emitted tokens per request-step that proposed at least one token, *including the bonus token*
 (vLLM's convention).
 
+The simulator's table adds ``itl`` (:data:`ITL_COLUMN`): the request's mean inter-token latency, counted the way
+``vllm bench serve`` counts it: one gap per *streamed chunk* after the first token, and a speculative step emits its
+accepted tokens and the bonus token as one chunk (a burst), so a burst of 4 tokens is one gap, not four; with
+speculation ITL is longer than TPOT. ``itl`` = (finish_time - first_token_time) / chunks after the first.
+
+Summary figures in vLLM's names and units (:func:`summarize`): ``mean_/median_/std_/p99_`` of ``ttft``, ``tpot``, ``itl``
+and ``e2el`` (= latency) in milliseconds (``std`` the population standard deviation, as numpy's default);
+``request_throughput`` (= ``throughput``, requests/s), ``output_throughput`` (output tokens/s; the column was once called
+``goodput``, a name now kept for the policy and for vLLM's SLO goodput), ``total_token_throughput``. ITL statistics pool
+every chunk gap of every request: the mean is exact; the simulator keeps each request's decode time and chunk count,
+not each chunk's time, so ``median_itl_ms``, ``std_itl_ms`` and ``p99_itl_ms`` are over the requests' mean gaps weighted
+by their chunks (spread within a request is not counted: the p99 is a lower bound of the per-chunk p99).
+With an SLO (``--goodput ttft:MS tpot:MS e2el:MS``, vLLM's syntax and definition), ``request_goodput`` = requests/s
+that meet every given bound (a one-token request's TPOT counts as 0), and ``slo_attainment`` = their fraction.
+``offered_rate`` (arrivals/s over the arrival span), ``served_rate`` (completions/s over the completion span) and
+``saturated``: the engine could not keep up (:func:`saturation`).
+
 Ignored requests (``ignored`` column True): requests that can never fit in the KV cache, not served (vLLM's
 FINISHED_IGNORED); their times are NaN, they count in ``requests`` and ``ignored_requests`` but in no latency,
 throughput or token figure.
@@ -30,6 +47,14 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 REQUEST_COLUMNS = ["request_id", "arrival_time", "first_token_time", "finish_time", "prompt_tokens",
                    "output_tokens", "proposed_tokens", "accepted_tokens", "preemptions", "ignored"]
 DERIVED_COLUMNS = ["ttft", "tpot", "latency", "norm_latency"]
+#: The simulator's extra per-request column: mean inter-token latency per streamed chunk (module docstring).
+ITL_COLUMN = "itl"
+#: vLLM's ``--goodput`` metrics (bounds in milliseconds) and the per-request column each reads.
+SLO_COLUMNS = {"ttft": "ttft", "tpot": "tpot", "e2el": "latency"}
+#: A run is ``saturated`` when its completions per second fall below this fraction of its arrivals per second and the
+#: last quarter's mean TTFT exceeds the first quarter's by :data:`SATURATION_TTFT_GROWTH` (a queue that grows).
+SATURATION_RATIO = 0.9
+SATURATION_TTFT_GROWTH = 2.0
 #: What a run (:func:`simulator.core.runner.run_simulation`) adds to :func:`summarize`'s figures in its summary.
 SUMMARY_KEYS = ("ignored_requests", "ignored_request_ids", "policy", "k", "profile", "profile_method",
                 "num_gpu_blocks", "steps", "workload", "config_hash", "wall_seconds")
@@ -131,7 +156,11 @@ class Recorder:
             "preemptions": self.preemptions,
             "ignored": self.ignored,
         }
-        return {**columns, **derived(columns)}
+        # chunks after the first token: every emission event is one chunk; a speculative step's burst is one
+        chunks = self.output_tokens - 1 - self.spec_emitted + self.spec_steps
+        with np.errstate(invalid="ignore", divide="ignore"):
+            itl = np.where(chunks > 0, (self.finish_time - self.first_token_time) / np.maximum(chunks, 1), np.nan)
+        return {**columns, **derived(columns), ITL_COLUMN: itl, "chunks": chunks}
 
     def requests_frame(self) -> pd.DataFrame:
         import pandas as pd
@@ -161,9 +190,13 @@ def derived(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {"ttft": first - arrival, "tpot": tpot, "latency": latency, "norm_latency": latency / output}
 
 
-def summarize(requests: Mapping[str, np.ndarray], acceptance_length: float = float("nan")) -> dict[str, float]:
+def summarize(requests: Mapping[str, np.ndarray], acceptance_length: float = float("nan"),
+              goodput_slo: Mapping[str, float] | None = None) -> dict[str, float]:
     """The figures of ``summary.json``: mean/p50/p90/p99 of latency, norm_latency, ttft, tpot (seconds),
-    throughput (requests/s), goodput (generated tokens/s), acceptance rate and length, preemptions.
+    vLLM's ``mean_/median_/std_/p99_`` of ttft, tpot, itl, e2el (milliseconds), throughput (requests/s, also
+    ``request_throughput``), ``output_throughput`` (generated tokens/s), acceptance rate and length, preemptions,
+    offered and served rates and ``saturated``; ``request_goodput`` and ``slo_attainment`` when ``goodput_slo``
+    (metric -> bound in ms, vLLM's ``--goodput``) is given (module docstring).
     ``requests``: the per-request columns (:meth:`Recorder.columns`, or a DataFrame of them)."""
     n = len(requests["request_id"])
     out: dict[str, float] = {"requests": n}
@@ -184,7 +217,10 @@ def summarize(requests: Mapping[str, np.ndarray], acceptance_length: float = flo
     tokens = int(np.sum(requests["output_tokens"]))
     out["simulated_seconds"] = span
     out["throughput"] = n / span if span > 0 else float("nan")
-    out["goodput"] = tokens / span if span > 0 else float("nan")
+    out["request_throughput"] = out["throughput"]
+    out["output_throughput"] = tokens / span if span > 0 else float("nan")
+    prompt_tokens = int(np.sum(requests["prompt_tokens"])) if "prompt_tokens" in requests else 0
+    out["total_token_throughput"] = (tokens + prompt_tokens) / span if span > 0 else float("nan")
     out["output_tokens"] = tokens
     proposed = int(np.sum(requests["proposed_tokens"]))
     accepted = int(np.sum(requests["accepted_tokens"]))
@@ -193,4 +229,84 @@ def summarize(requests: Mapping[str, np.ndarray], acceptance_length: float = flo
     out["acceptance_rate"] = accepted / proposed if proposed else float("nan")
     out["mean_acceptance_length"] = acceptance_length
     out["preemptions"] = int(np.sum(requests["preemptions"]))
+    out.update(_ms_figures(requests))
+    out.update(saturation(requests))
+    if goodput_slo:
+        good = good_requests(requests, goodput_slo)
+        out["request_goodput"] = int(good.sum()) / span if span > 0 else float("nan")
+        out["slo_attainment"] = float(good.mean()) if n else float("nan")
     return out
+
+
+def _stats_ms(name: str, values: np.ndarray, weights: np.ndarray | None = None) -> dict[str, float]:
+    """vLLM's ``mean_/median_/std_/p99_<name>_ms`` (and p90, p50) of ``values`` in seconds, optionally weighted."""
+    ok = ~np.isnan(values)
+    values = values[ok]
+    if weights is not None:
+        weights = weights[ok].astype(float)
+        ok = weights > 0
+        values, weights = values[ok], weights[ok]
+    if not values.size:
+        return {f"{s}_{name}_ms": float("nan") for s in ("mean", "median", "std", "p50", "p90", "p99")}
+    if weights is None:
+        mean, std = float(values.mean()), float(values.std())
+        pct = {q: float(np.percentile(values, q)) for q in (50, 90, 99)}
+    else:
+        mean = float(np.sum(values * weights) / weights.sum())
+        std = float(np.sqrt(np.sum(weights * (values - mean) ** 2) / weights.sum()))
+        order = np.argsort(values, kind="stable")
+        v, cw = values[order], np.cumsum(weights[order])
+        pct = {q: float(v[min(int(np.searchsorted(cw, q / 100 * cw[-1], side="left")), v.size - 1)])
+               for q in (50, 90, 99)}
+    out = {f"mean_{name}_ms": mean * 1e3, f"median_{name}_ms": pct[50] * 1e3, f"std_{name}_ms": std * 1e3}
+    out.update({f"p{q}_{name}_ms": pct[q] * 1e3 for q in (50, 90, 99)})
+    return out
+
+
+def _ms_figures(requests: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """TTFT, TPOT, ITL and E2EL statistics in milliseconds, as ``vllm bench serve`` reports them."""
+    out: dict[str, float] = {}
+    out.update(_stats_ms("ttft", np.asarray(requests["ttft"], dtype=float)))
+    out.update(_stats_ms("tpot", np.asarray(requests["tpot"], dtype=float)))
+    if ITL_COLUMN in requests and "chunks" in requests:
+        out.update(_stats_ms("itl", np.asarray(requests[ITL_COLUMN], dtype=float),
+                             np.asarray(requests["chunks"], dtype=float)))
+    else:
+        out.update(_stats_ms("itl", np.array([])))
+    out.update(_stats_ms("e2el", np.asarray(requests["latency"], dtype=float)))
+    return out
+
+
+def good_requests(requests: Mapping[str, np.ndarray], goodput_slo: Mapping[str, float]) -> np.ndarray:
+    """Which requests meet every bound of ``goodput_slo`` (``ttft``, ``tpot``, ``e2el`` -> milliseconds), as vLLM's
+    ``--goodput`` decides: value <= bound; a one-token request's TPOT is 0."""
+    n = len(requests["request_id"])
+    good = np.ones(n, dtype=bool)
+    for name, bound in goodput_slo.items():
+        values = np.asarray(requests[SLO_COLUMNS[name]], dtype=float)
+        if name == "tpot":
+            values = np.where(np.isnan(values), 0.0, values)
+        good &= values <= bound / 1e3
+    return good
+
+
+def saturation(requests: Mapping[str, np.ndarray]) -> dict[str, float | bool]:
+    """``offered_rate`` = (n - 1) / arrival span, ``served_rate`` = (n - 1) / completion span (requests/s), and
+    ``saturated``: served below :data:`SATURATION_RATIO` x offered *and* a queue that grew (the last quarter of
+    arrivals waited :data:`SATURATION_TTFT_GROWTH` x longer for their first token than the first quarter). Both
+    are needed: a short run's completion span also stretches by the spread of latencies."""
+    n = len(requests["request_id"])
+    nan = float("nan")
+    if n < 4:
+        return {"offered_rate": nan, "served_rate": nan, "saturated": False}
+    arrival = np.asarray(requests["arrival_time"], dtype=float)
+    finish = np.asarray(requests["finish_time"], dtype=float)
+    a_span, f_span = float(arrival.max() - arrival.min()), float(np.nanmax(finish) - np.nanmin(finish))
+    offered = (n - 1) / a_span if a_span > 0 else nan
+    served = (n - 1) / f_span if f_span > 0 else nan
+    order = np.argsort(arrival, kind="stable")
+    ttft = np.asarray(requests["ttft"], dtype=float)[order]
+    q = n // 4
+    early, late = float(np.nanmean(ttft[:q])), float(np.nanmean(ttft[-q:]))
+    saturated = bool(served < SATURATION_RATIO * offered and late > SATURATION_TTFT_GROWTH * early)
+    return {"offered_rate": offered, "served_rate": served, "saturated": saturated}

@@ -155,7 +155,7 @@ def run_simulation(config: SimConfig, workload: Workload | None = None) -> SimRe
     ignored = np.flatnonzero(recorder.ignored)
     if recorder.finished + ignored.size != len(workload):
         raise RuntimeError(f"{len(workload) - recorder.finished - ignored.size} requests never finished")
-    summary = summarize(recorder.columns(), recorder.acceptance_length())
+    summary = summarize(recorder.columns(), recorder.acceptance_length(), dict(config.goodput_slo))
     summary.update({
         "ignored_requests": int(ignored.size),
         "ignored_request_ids": ignored.tolist(),
@@ -194,7 +194,8 @@ def _write_parquet(path: Path, frame: pd.DataFrame) -> None:
 
 
 #: The files one run writes; a new run into the folder removes them all first (summary.json first of all).
-RESULT_FILES = ("summary.json", "config.json", "requests.csv", "requests.parquet", "steps.csv", "steps.parquet")
+RESULT_FILES = ("summary.json", "config.json", "requests.csv", "requests.parquet", "steps.csv", "steps.parquet",
+                "vllm_result.json", "timeline.json")
 
 
 def clear_result(out: Path) -> None:

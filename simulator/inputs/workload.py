@@ -30,7 +30,8 @@ Trace files (detected by their header):
 * plain: ``arrival_time,prompt_tokens,output_tokens``, times in seconds, used as they are.
 
 Length files (:func:`read_lengths`): ShareGPT statistics ``num_prefill_tokens,num_decode_tokens,...``,
-or any file with ``prompt_tokens,output_tokens`` or ``ContextTokens,GeneratedTokens`` (a trace will do).
+or any file with ``prompt_tokens,output_tokens`` or ``ContextTokens,GeneratedTokens`` (a trace will do), or a
+ShareGPT JSON dataset (:func:`read_sharegpt`, what ``vllm bench serve --dataset-name sharegpt`` reads).
 
 A bad file stops with a one-line :class:`UserError` naming the file, the line (the header is line 1;
 blank lines are skipped and not counted), the column and the value. Token counts must be whole numbers
@@ -184,10 +185,15 @@ def _synthetic_lengths(config: SimConfig, n: int,
                   f"sigma={config.length_sigma:g}")
     else:
         assert config.length_file is not None  # SimConfig requires it for length_dist=file
-        file_prompt, file_output = read_lengths(config.length_file)
+        if config.length_file.lower().endswith(".json"):
+            file_prompt, file_output, counted = read_sharegpt(config.length_file, config.tokenizer)
+            counted = f" ({counted})"
+        else:
+            file_prompt, file_output = read_lengths(config.length_file)
+            counted = ""
         rows = rng.integers(0, len(file_prompt), n)
         prompt, output = file_prompt[rows], file_output[rows]
-        source = f"lengths from {Path(config.length_file).name}"
+        source = f"lengths from {Path(config.length_file).name}{counted}"
     prompt = np.clip(prompt, 1, config.max_prompt_len).astype(np.int64)
     output = np.clip(output, 1, config.max_output_len).astype(np.int64)
     return prompt, output, f"{source} max {config.max_prompt_len}/{config.max_output_len}"
@@ -242,6 +248,85 @@ def read_lengths(path: str) -> tuple[np.ndarray, np.ndarray]:
     name, columns = read_table(path, LENGTH_FORMATS)
     prompt_column, output_column = (columns[c] for c in LENGTH_FORMATS[name])
     return _token_counts(path, prompt_column), _token_counts(path, output_column)
+
+
+#: vLLM's ShareGPT sampler keeps a (prompt, output) pair only when both have at least this many tokens, the prompt at
+#: most SHAREGPT_MAX_PROMPT and both together at most SHAREGPT_MAX_TOTAL (``is_valid_sequence``'s defaults).
+SHAREGPT_MIN_LEN, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
+#: Characters per token of the estimate used without a tokenizer (the usual rule of thumb for English BPE text).
+CHARS_PER_TOKEN = 4
+#: How token counts are made without a tokenizer (named in the workload description and the summary).
+APPROX_COUNT = f"tokens ESTIMATED as ceil(characters / {CHARS_PER_TOKEN}); give --tokenizer for exact counts"
+
+
+def read_sharegpt(path: str, tokenizer: str | None = None) -> tuple[np.ndarray, np.ndarray, str]:
+    """Prompt and output lengths of a ShareGPT JSON dataset, and how they were counted.
+
+    The file is a list of ``{"conversations": [{"from": "human", "value": TEXT}, {"from": "gpt", "value": TEXT},
+    ...]}``; as ``vllm bench serve --dataset-name sharegpt`` does, each entry with at least two turns gives one
+    pair: the first turn is the prompt, the second the output; pairs with either side under 4 tokens, a prompt
+    over 1024 or both over 2048 tokens are dropped. Token counts: with ``tokenizer`` (a Hugging Face tokenizer in
+    the local cache, or a folder; ``transformers`` must be installed; nothing is downloaded) exact; without,
+    ``ceil(len(text) / 4)`` characters, an estimate the returned label says is one."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not a JSON file ({exc})") from None
+    require(isinstance(data, list), f"{path}: a ShareGPT dataset is a JSON list of {{\"conversations\": [...]}} "
+                                    f"entries, got a {type(data).__name__}")
+    pairs: list[tuple[str, str]] = []
+    for i, entry in enumerate(data):
+        require(isinstance(entry, dict), f"{path}: entry {i}: expected an object with \"conversations\", "
+                                         f"got {type(entry).__name__}")
+        turns = entry.get("conversations")
+        require(isinstance(turns, list), f"{path}: entry {i}: \"conversations\" must be a list of turns")
+        if len(turns) < 2:
+            continue
+        texts = []
+        for j in (0, 1):
+            turn = turns[j]
+            require(isinstance(turn, dict) and isinstance(turn.get("value"), str),
+                    f"{path}: entry {i}: turn {j} must be an object with a text \"value\"")
+            texts.append(turn["value"])
+        pairs.append((texts[0], texts[1]))
+    require(bool(pairs), f"{path}: no conversation with at least two turns")
+    if tokenizer is None:
+        count = lambda text: max(1, -(-len(text) // CHARS_PER_TOKEN))  # noqa: E731
+        label = APPROX_COUNT
+    else:
+        encode = _load_tokenizer(tokenizer)
+        count = lambda text: len(encode(text))  # noqa: E731
+        label = f"tokens counted by {tokenizer}"
+    prompt, output = [], []
+    for a, b in pairs:
+        p, o = count(a), count(b)
+        if p < SHAREGPT_MIN_LEN or o < SHAREGPT_MIN_LEN or p > SHAREGPT_MAX_PROMPT or p + o > SHAREGPT_MAX_TOTAL:
+            continue
+        prompt.append(p)
+        output.append(o)
+    require(bool(prompt), f"{path}: every conversation was dropped by vLLM's ShareGPT filter (prompt and output "
+                          f">= {SHAREGPT_MIN_LEN} tokens, prompt <= {SHAREGPT_MAX_PROMPT}, both <= {SHAREGPT_MAX_TOTAL})")
+    return np.array(prompt, dtype=np.int64), np.array(output, dtype=np.int64), label
+
+
+def _load_tokenizer(name: str):
+    """``encode(text) -> ids`` of a locally available Hugging Face tokenizer; a one-line UserError otherwise."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise UserError(f"--tokenizer {name}: needs transformers (pip install -e '.[profile]'), or drop --tokenizer "
+                        "to estimate tokens from characters") from None
+    try:
+        tok = AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - any failure to load is the user's input
+        raise UserError(f"--tokenizer {name}: not found locally (nothing is downloaded): "
+                        f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    return lambda text: tok(text).input_ids  # as vLLM counts: special tokens included
 
 
 def _token_counts(path: str, column: Column) -> np.ndarray:

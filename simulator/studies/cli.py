@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from policies.errors import UserError
 from simulator.config import SimConfig
-from simulator.studies.specs import (field_kind, parse_field_value, parse_grid, parse_policy_list,
+from simulator.studies.specs import (field_kind, parse_field_value, parse_goodput, parse_grid, parse_policy_list,
                                      parse_policy_params, parse_rates, parse_seeds, parse_slo)
 
 EXIT_USER_ERROR = 2
@@ -31,20 +31,75 @@ class _Parser(argparse.ArgumentParser):
 
 
 # -- config flags --------------------------------------------------------------------------------
+#: Other spellings of a config field's flag: vLLM's names (``vllm bench serve`` / engine args) first, then the old
+#: spelling kept as an alias. The first name is the one help shows first.
+FLAG_NAMES: dict[str, tuple[str, ...]] = {
+    "rate": ("--rate", "--request-rate"),
+    "num_requests": ("--num-requests", "--num-prompts"),
+    "k": ("--k", "--num-speculative-tokens"),
+    "acceptance_rate": ("--token-acceptance-prob", "--acceptance-rate"),
+    "goodput_slo": ("--goodput", "--goodput-slo"),
+}
+
+
+def field_docs() -> dict[str, str]:
+    """Each config field's docstring (the string under it in :mod:`simulator.config`), whitespace collapsed and
+    reST markup dropped: the help of its flag."""
+    import ast
+    import inspect
+    import re
+
+    import simulator.config as module
+
+    tree = ast.parse(inspect.getsource(module))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SimConfig")
+    docs, body = {}, cls.body
+    for node, after in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr) \
+                and isinstance(getattr(after, "value", None), ast.Constant) and isinstance(after.value.value, str):
+            text = " ".join(after.value.value.split()).replace("``", "")
+            docs[node.target.id] = re.sub(r":[a-z]+:`([^`]*)`", r"\1", text)
+    return docs
+
+
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per config field; unset flags keep the config's defaults."""
-    parser.add_argument("--config", help="start from this config.json (flags override it)")
+    """One flag per config field, its help the field's docstring and default; unset flags keep the defaults."""
+    parser.add_argument("--config", metavar="FILE", help="start from this config.json (a run's saved config; flags "
+                                                         "override it)")
+    docs = field_docs()
+    group = parser.add_argument_group("configuration (every field of SimConfig; units: seconds, tokens, req/s, GiB)")
     for f in fields(SimConfig):
-        flag = "--" + f.name.replace("_", "-")
+        names = FLAG_NAMES.get(f.name, ("--" + f.name.replace("_", "-"),))
         kind = field_kind(f.name)
-        doc = f"(default {f.default!r})" if f.default is not MISSING else ""
+        default = "" if f.default is MISSING else f" (default: {_shown_default(f.name, f.default)})"
+        doc = (docs.get(f.name, "") + default).replace("%", "%%")
         if f.name == "policy_params":
-            parser.add_argument("--policy-param", dest="policy_params", action="append", metavar="NAME=VALUE",
-                                help="a policy parameter; repeat for several")
+            group.add_argument("--policy-param", dest="policy_params", action="append", metavar="NAME=VALUE",
+                               help=doc + "; repeat for several")
+        elif f.name == "goodput_slo":
+            group.add_argument(*names, dest=f.name, nargs="+", metavar="METRIC:MS", default=None, help=doc)
         elif kind is bool:
-            parser.add_argument(flag, dest=f.name, action="store_true", default=None, help=doc)
+            group.add_argument(*names, dest=f.name, action="store_true", default=None, help=doc)
         else:
-            parser.add_argument(flag, dest=f.name, default=None, metavar=f.name.upper(), help=doc)
+            group.add_argument(*names, dest=f.name, default=None, metavar=f.name.upper(), help=doc)
+    group.add_argument("--burstiness", metavar="B", default=None,
+                       help="vLLM's --burstiness: Gamma arrivals of shape B, > 0 (1 = Poisson, < 1 burstier); the same "
+                            "as --arrival gamma --cv 1/sqrt(B)")
+    group.add_argument("--dataset-path", metavar="FILE", default=None,
+                       help="vLLM's --dataset-path: request lengths sampled from this ShareGPT JSON dataset (or length "
+                            "CSV); the same as --length-dist file --length-file FILE")
+    group.add_argument("--dataset-name", choices=("sharegpt",), default=None,
+                       help="vLLM's --dataset-name; only sharegpt (with --dataset-path) is read here")
+
+
+def _shown_default(name: str, value: Any) -> str:
+    if name == "profile":
+        return "profiles/data/example.json"
+    if value is None:
+        return "none"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) if value else "none"
+    return str(value)
 
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
@@ -65,9 +120,12 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
             continue
         if f.name == "policy_params":
             value = parse_policy_params(value)
+        elif f.name == "goodput_slo":
+            value = parse_goodput(value)
         elif not isinstance(value, bool):
             value = parse_field_value(f.name, value)
         data[f.name] = value
+    _vllm_flags(args, data)
     if data.get("arrival") == "trace" and "rate" not in data:
         data["rate"] = None
     if data.get("trace") and "arrival" not in data:
@@ -75,31 +133,92 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
     return SimConfig.from_dict(data, source=args.config or "flags")
 
 
+def _vllm_flags(args: argparse.Namespace, data: dict[str, Any]) -> None:
+    """``--burstiness`` and ``--dataset-path`` (vLLM's flags that set two fields each) into ``data``."""
+    import math
+
+    burstiness = getattr(args, "burstiness", None)
+    if burstiness is not None:
+        try:
+            b = float(burstiness)
+        except ValueError:
+            raise UserError(f"--burstiness: not a number: {burstiness!r}") from None
+        if not (math.isfinite(b) and b > 0):
+            raise UserError(f"--burstiness: must be a finite number > 0, got {burstiness!r}")
+        if getattr(args, "cv", None) is not None:
+            raise UserError("--burstiness and --cv: give one (burstiness B is cv = 1/sqrt(B))")
+        if b != 1.0 or data.get("arrival") == "gamma":
+            data["arrival"], data["cv"] = "gamma", 1.0 / math.sqrt(b)
+    dataset = getattr(args, "dataset_path", None)
+    if getattr(args, "dataset_name", None) and not dataset:
+        raise UserError("--dataset-name sharegpt: needs --dataset-path FILE.json")
+    if dataset is not None:
+        if getattr(args, "length_file", None) is not None:
+            raise UserError("--dataset-path and --length-file: give one")
+        data["length_dist"], data["length_file"] = "file", dataset
+
+
 # -- commands ------------------------------------------------------------------------------------
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from simulator.core.runner import run_simulation, write_result
-
-    from simulator.core.runner import table_format
-    from simulator.results import prepare_out_dir
+    from simulator.core.runner import run_simulation, table_format, write_result
+    from simulator.results import prepare_out_dir, write_json
 
     config = config_from_args(args)
+    if args.save_timeline and not config.save_steps:
+        config = config.replace(save_steps=True)  # the timeline draws the steps
     table_format(args.format)
     _, lock = prepare_out_dir(args.out)  # before simulating: a bad folder is found now, not after a long run
     with lock:
         result = run_simulation(config)
         write_result(result, args.out, args.format)
+        extra = []
+        if args.save_result:
+            from simulator.studies.vllm_io import vllm_result
+
+            path = Path(args.out) / "vllm_result.json"
+            write_json(path, vllm_result(result.summary, result.requests, config))
+            extra.append(f"vLLM result: {path}")
+        if args.save_timeline:
+            from simulator.studies.timeline import write_timeline
+
+            extra.append(f"timeline: {write_timeline(result.requests, result.steps, Path(args.out) / 'timeline.json')}"
+                         " (open in https://ui.perfetto.dev)")
     s = result.summary
     warn_ignored(s, config)
-    print(f"{s['requests']} requests, {s['steps']} steps, {s['simulated_seconds']:.1f} s simulated in "
-          f"{s['wall_seconds']:.2f} s wall")
-    print(f"mean latency {s['mean_latency']:.3f} s  p99 {s['p99_latency']:.3f} s  "
-          f"mean norm latency {s['mean_norm_latency'] * 1e3:.2f} ms/token  ttft {s['mean_ttft']:.3f} s  "
-          f"tpot {s['mean_tpot'] * 1e3:.2f} ms  throughput {s['throughput']:.2f} req/s")
-    if s["proposed_tokens"]:
-        print(f"acceptance rate {s['acceptance_rate']:.3f}  mean acceptance length "
-              f"{s['mean_acceptance_length']:.2f} tokens (bonus included)")
+    print_summary(s, config)
+    for line in extra:
+        print(line)
     print(f"results in {args.out}/ (profile: {s['profile_method']})")
     return 0
+
+
+def print_summary(s: dict[str, Any], config: SimConfig) -> None:
+    """A run's figures, in vLLM's words and units where vLLM has them."""
+    print(f"{s['requests']} requests, {s['steps']} steps, {s['simulated_seconds']:.1f} s simulated in "
+          f"{s['wall_seconds']:.2f} s wall; workload: {s.get('workload', '?')}")
+    print(f"request throughput {s['request_throughput']:.2f} req/s  output throughput {s['output_throughput']:.1f} "
+          f"tokens/s  mean latency {s['mean_latency']:.3f} s  p99 {s['p99_latency']:.3f} s")
+    print(f"{'':6}{'mean':>10}{'median':>10}{'p99':>10}{'std':>10}  (ms)")
+    for name, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2EL")):
+        print(f"{label:6}" + "".join(f"{s.get(f'{st}_{name}_ms', float('nan')):10.2f}"
+                                     for st in ("mean", "median", "p99", "std")))
+    if s.get("request_goodput") is not None and "slo_attainment" in s:
+        bounds = " ".join(f"{n}:{v:g}" for n, v in config.goodput_slo)
+        print(f"goodput (vLLM: requests/s meeting {bounds} ms) {s['request_goodput']:.2f} req/s; "
+              f"{s['slo_attainment']:.1%} of requests meet them")
+    if s["proposed_tokens"]:
+        print(f"measured draft acceptance rate (accepted / proposed tokens) {s['acceptance_rate']:.3f}; mean "
+              f"acceptance length {s['mean_acceptance_length']:.2f} tokens per step (bonus included); input "
+              f"token acceptance probability {config.acceptance_rate:g} ({config.acceptance})")
+    warn_saturated(s)
+
+
+def warn_saturated(s: dict[str, Any], label: str = "") -> None:
+    """One clear line on stderr when the served rate falls short of the offered rate."""
+    if s.get("saturated"):
+        print(f"warning: {label}saturated: {s['offered_rate']:.2f} req/s offered, {s['served_rate']:.2f} req/s served "
+              "(completions/s) and the queue grew through the run: the engine cannot keep up, latency figures grow "
+              "with the run's length; lower --rate or add capacity", file=sys.stderr)
 
 
 def warn_ignored(summary: dict[str, Any], config: SimConfig) -> None:
@@ -125,10 +244,22 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     summary, figures = sweep_and_plot(base, policies, rates, seeds, grid, args.out,
                                       args.workers, args.cluster, args.cluster_flag, args.quiet)
     print_table(summary, axes=list(grid))
+    warn_saturated_cells(summary)
     print(f"summary: {Path(args.out) / 'summary.csv'}")
     for f in figures:
         print(f"figure: {f}")
     return 0
+
+
+def warn_saturated_cells(summary: Any) -> None:
+    """One line naming the saturated cells of a sweep (the ``saturated`` column)."""
+    if "saturated" not in summary or not summary["saturated"].astype(bool).any():
+        return
+    cells = summary[summary["saturated"].astype(bool)]
+    shown = ", ".join(sorted({f"{p} at {r:g} req/s" for p, r in zip(cells["policy"], cells["rate"])})[:8])
+    print(f"warning: {len(cells)} of {len(summary)} runs saturated (served below offered rate, queue growing): "
+          f"{shown}{', ...' if len(cells) > 8 else ''}; their latencies depend on the run's length "
+          "(the 'saturated' column of summary.csv)", file=sys.stderr)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -200,22 +331,52 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UserError("tune: --policy is required (e.g. --policy goodput)")
     rates = parse_rates("--rates", args.rates)
     base = config_from_args(args, rate=rates[0])
+    if slo.goodput_slo:
+        if base.goodput_slo and base.goodput_slo != slo.goodput_slo:
+            raise UserError("tune: --slo's per-request bounds and --goodput differ; give the bounds once, in --slo")
+        base = base.replace(goodput_slo=slo.goodput_slo)
     specs = tune.candidate_specs(args.policy, tune.search_space(args.param, args.policy))
     seeds = parse_seeds("--seeds", args.seeds)
     summary, _ = sweep_and_plot(base, specs, rates, seeds, {}, args.out, args.workers, args.cluster, args.cluster_flag,
                                 args.quiet)
     table = tune.analyse(summary, slo)
     write_csv(Path(args.out) / "tune.csv", table)
-    figure = tune.plot_tradeoff(table, slo, Path(args.out) / "tradeoff.png")
+    figure = tune.plot_tradeoff(table, slo, Path(args.out) / "tradeoff.png", summary, rates)
     print(f"SLO {slo}: {len(specs)} settings x {len(rates)} rates x {len(seeds)} seeds")
     print(table.head(10).to_string(index=False))
     best = table.iloc[0]
     if best["sustainable_rate"] <= 0:
         print(f"no setting meets the SLO even at {min(rates):g} req/s")
+        print(f"warning: the SLO is missed at every rate tried; try lower rates than {min(rates):g} req/s",
+              file=sys.stderr)
     else:
         print(f"best: {best['policy']} meets {slo} up to {best['sustainable_rate']:g} req/s")
+        if bool(table["meets_slo_everywhere"].all()):
+            print(f"warning: every setting meets the SLO at every rate tried (up to {max(rates):g} req/s): the "
+                  "sustainable rate is at least that; raise --rates to find where they differ", file=sys.stderr)
+        elif bool(best["meets_slo_everywhere"]):
+            print(f"note: {best['policy']} meets the SLO at every rate tried; its limit lies above {max(rates):g} req/s")
     print(f"table: {Path(args.out) / 'tune.csv'}\nfigure: {figure}")
     return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """``compare A B``: two runs, two sweeps, or a run and a vLLM result side by side; ``compare RESULT.json``: replay a
+    vLLM benchmark's workload in the simulator and print simulated against measured."""
+    from simulator.studies import compare
+
+    if len(args.inputs) == 1:
+        source = Path(args.inputs[0])
+        if not source.is_file():
+            raise UserError(f"compare {source}: one input must be a vllm bench serve --save-result JSON file (to replay); "
+                            "give two run or sweep folders to put them side by side")
+        if not args.out:
+            raise UserError("compare RESULT.json: --out DIR is required (the replayed run is written there)")
+        base = config_from_args(args, arrival="trace", trace="-")
+        return compare.replay(source, base, args.out)
+    if len(args.inputs) != 2:
+        raise UserError(f"compare: give one vLLM result JSON, or two runs/sweeps; got {len(args.inputs)} inputs")
+    return compare.side_by_side(args.inputs[0], args.inputs[1], args.out)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -250,54 +411,108 @@ def _add_run_flags(parser: argparse.ArgumentParser, out_default: str | None = No
     """``--out``, ``--workers``, ``--quiet``; and ``--cluster`` when the command can run on a Dask cluster."""
     from simulator.studies.executors import default_workers
 
-    parser.add_argument("--out", required=out_default is None, default=out_default, help="output folder")
-    parser.add_argument("--workers", type=int, default=default_workers(), help="local worker processes")
+    parser.add_argument("--out", required=out_default is None, default=out_default, metavar="DIR",
+                        help="output folder" + (f" (default {out_default})" if out_default else " (required)"))
+    parser.add_argument("--workers", type=int, default=default_workers(), metavar="N",
+                        help=f"local worker processes (default {default_workers()}: the usable cores)")
     if cluster:
         parser.add_argument("--cluster", metavar="tcp://HOST:PORT",
                             help="run the cells on this Dask distributed scheduler instead of local workers "
                                  "(the dist extra; workers need specsim and the input files at the same paths); "
                                  "--scheduler tcp://HOST:PORT is an old alias of it")
-    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument("--quiet", action="store_true", help="no progress output (default: a progress bar on a terminal)")
+
+
+#: Every command, with its one-line help (the top-level help lists them all; profile, validate and bench parse their own
+#: flags: ``run_sim.py COMMAND --help``).
+COMMANDS = {
+    "simulate": "run one simulation: requests.csv, summary.json, config.json (vLLM-style TTFT/TPOT/ITL/E2EL in ms)",
+    "sweep": "latency versus rate for several policies and seeds, in parallel: summary.csv and figures",
+    "plot": "redraw a sweep's figures from its summary.csv",
+    "tune": "search a policy's parameters for an SLO over a range of rates",
+    "compare": "two runs or sweeps side by side, or a vLLM benchmark result replayed and compared (table and figure)",
+    "demo": "the default demo (what no arguments runs): where speculation stops paying",
+    "bench": "the simulator's own speed: simulated requests per wall-second and peak memory",
+    "profile": "measure a model pair's costs on a device (profile extra; torch)",
+    "validate": "real engine against the simulator on the same requests (profile extra; torch)",
+}
+
+EPILOG = """examples:
+  python run_sim.py simulate --request-rate 4 --num-prompts 200 --policy fixed-k --num-speculative-tokens 3 --out results/run1
+  python run_sim.py sweep --rates 1,2,4 --policies no-spec,fixed-k:3,goodput --num-requests 200 --out results/sweep
+  python run_sim.py COMMAND --help   for the flags of a command (meaning, unit, allowed values, default)
+A user error ends with one line naming the input, and exit status 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="run_sim.py", description="specsim: simulate LLM serving with speculative decoding")
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    sim = sub.add_parser("simulate", help="run one simulation")
+    parser = _Parser(prog="run_sim.py", description="specsim: simulate LLM serving with speculative decoding "
+                                                    "(no command: the demo)",
+                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, title="commands", metavar="COMMAND")
+    sim = sub.add_parser("simulate", help=COMMANDS["simulate"], description=COMMANDS["simulate"])
     add_config_flags(sim)
-    sim.add_argument("--out", required=True, help="output folder")
+    sim.add_argument("--out", required=True, metavar="DIR", help="output folder (created; a rerun replaces its files)")
     sim.add_argument("--format", choices=("auto", "csv", "parquet"), default="auto",
                      help="per-request (and per-step) tables: parquet, csv, or auto = parquet when pyarrow is "
                           "importable (default auto)")
+    sim.add_argument("--save-result", action="store_true",
+                     help="also write DIR/vllm_result.json in vllm bench serve --save-result's schema (vLLM users' "
+                          "scripts read it; see README, Metric conventions)")
+    sim.add_argument("--save-timeline", action="store_true",
+                     help="also write DIR/timeline.json, Chrome/Perfetto trace events: the batch track (each step's "
+                          "kind, k, batch size, tokens) and one span per request; implies --save-steps")
     sim.set_defaults(func=cmd_simulate)
 
-    sweep = sub.add_parser("sweep", help="latency versus rate for several policies, in parallel")
+    sweep = sub.add_parser("sweep", help=COMMANDS["sweep"], description=COMMANDS["sweep"])
     add_config_flags(sweep)
-    sweep.add_argument("--rates", required=True, help="request rates, comma-separated (req/s)")
-    sweep.add_argument("--policies", default="no-spec,fixed-k:1,fixed-k:3,fixed-k:5,goodput",
-                       help="policy specs NAME[:K][/PARAM=VALUE...], comma-separated")
-    sweep.add_argument("--seeds", default="0", help="seeds, comma-separated")
-    sweep.add_argument("--grid", action="append", metavar="FIELD=V1,V2", help="another sweep axis; repeatable")
+    sweep.add_argument("--rates", required=True, metavar="R1,R2,...",
+                       help="request rates to sweep, comma-separated, req/s > 0 (required)")
+    sweep.add_argument("--policies", default="no-spec,fixed-k:1,fixed-k:3,fixed-k:5,goodput", metavar="SPEC,...",
+                       help="policy specs NAME[:K][/PARAM=VALUE...], comma-separated (default "
+                            "no-spec,fixed-k:1,fixed-k:3,fixed-k:5,goodput)")
+    sweep.add_argument("--seeds", default="0", metavar="S1,S2,...",
+                       help="seeds, comma-separated integers >= 0; figures show the spread over them (default 0)")
+    sweep.add_argument("--grid", action="append", metavar="FIELD=V1,V2",
+                       help="another sweep axis: any config field and its values; repeatable")
     _add_run_flags(sweep, cluster=True)
     sweep.set_defaults(func=cmd_sweep)
 
-    plot = sub.add_parser("plot", help="redraw a sweep's figures from its summary.csv")
-    plot.add_argument("dir", help="the sweep's output folder")
+    plot = sub.add_parser("plot", help=COMMANDS["plot"], description=COMMANDS["plot"])
+    plot.add_argument("dir", help="the sweep's output folder (holding summary.csv)")
     plot.set_defaults(func=cmd_plot)
 
-    tune = sub.add_parser("tune", help="search a policy's parameters for an SLO over a load range")
+    tune = sub.add_parser("tune", help=COMMANDS["tune"], description=COMMANDS["tune"])
     add_config_flags(tune)
-    tune.add_argument("--slo", required=True, help='e.g. "p99_latency<=20" (seconds)')
-    tune.add_argument("--rates", required=True, help="request rates, comma-separated (req/s)")
-    tune.add_argument("--seeds", default="0", help="seeds, comma-separated")
+    tune.add_argument("--slo", required=True,
+                      help='the objective (required): METRIC<=VALUE on a summary figure, e.g. "p99_latency<=20" '
+                           '(seconds) or "p99_ttft_ms<=500" (ms); or per-request attainment "P%% METRIC:MS ...", e.g. '
+                           '"99%% ttft:500 tpot:50": at least 99%% of requests meet every bound (vLLM\'s --goodput '
+                           'pairs, ms)')
+    tune.add_argument("--rates", required=True, metavar="R1,R2,...",
+                      help="request rates, comma-separated, req/s > 0 (required)")
+    tune.add_argument("--seeds", default="0", metavar="S1,S2,...", help="seeds, comma-separated integers >= 0 "
+                                                                       "(default 0)")
     tune.add_argument("--param", action="append", metavar="NAME=V1,V2",
-                      help="a parameter's candidate values (k is the bound K_max); repeatable")
+                      help="a policy parameter's candidate values (k is the bound K_max); repeatable (default: the "
+                           "policy's search space, e.g. goodput k=2,4,6 bonus=1.0,1.1,1.3)")
     _add_run_flags(tune, cluster=True)
     tune.set_defaults(func=cmd_tune)
 
-    demo = sub.add_parser("demo", help="the default demo (what no arguments runs)")
+    compare = sub.add_parser("compare", help=COMMANDS["compare"], description=COMMANDS["compare"] + (
+        ". A or B: a simulate folder (summary.json), a sweep folder (summary.csv) or a vLLM result JSON. With one vLLM "
+        "result JSON: its workload (lengths in order; arrivals drawn at its request_rate and burstiness) is simulated "
+        "with the config flags given, and simulated is printed against measured per metric."))
+    compare.add_argument("inputs", nargs="+", metavar="A [B]", help="two runs or sweeps, or one vLLM result JSON")
+    compare.add_argument("--out", metavar="DIR", help="where the table, figure (and a replayed run) go "
+                                                     "(required to replay; optional for two inputs)")
+    add_config_flags(compare)
+    compare.set_defaults(func=cmd_compare)
+
+    demo = sub.add_parser("demo", help=COMMANDS["demo"], description=COMMANDS["demo"])
     _add_run_flags(demo, out_default="results/demo")
     demo.set_defaults(func=cmd_demo)
+    for name in ("bench", "profile", "validate"):  # listed here; they parse their own flags (run_sim.py NAME --help)
+        sub.add_parser(name, help=COMMANDS[name] + f" (run_sim.py {name} --help)", add_help=False)
     return parser
 
 

@@ -8,7 +8,9 @@ Every parser stops bad input with one :class:`policies.errors.UserError` line na
 - policy parameters: ``NAME=VALUE`` (numbers become int or float, anything else stays text);
 - policy spec: ``NAME[:K][/PARAM=VALUE...]`` (``fixed-k:3``, ``threshold:3/max_batch=16``);
 - grid: ``FIELD=V1,V2,...`` per axis, typed like the config field;
-- SLO: ``METRIC<=VALUE`` (``p99_latency<=20``, seconds for latency metrics);
+- SLO: ``METRIC<=VALUE`` (``p99_latency<=20``, seconds for latency metrics; ``p99_ttft_ms<=500``), or per-request
+  attainment ``P% METRIC:MS ...`` (``99% ttft:500 tpot:50``: at least 99% of requests meet every bound);
+- goodput SLOs: vLLM's ``--goodput ttft:MS tpot:MS e2el:MS``;
 - search space: ``NAME=V1,V2,...`` per parameter (``k`` is the bound K_max).
 """
 from __future__ import annotations
@@ -27,7 +29,7 @@ from simulator.config import SimConfig
 from simulator.metrics import DERIVED_COLUMNS
 
 __all__ = ["Slo", "SLO_METRICS", "number_or_text", "parse_field_value", "parse_floats", "parse_grid",
-           "parse_policy_list", "parse_rates", "parse_seeds", "parse_policy_params", "parse_policy_spec", "parse_slo", "parse_space", "field_kind"]
+           "parse_goodput", "parse_policy_list", "parse_rates", "parse_seeds", "parse_policy_params", "parse_policy_spec", "parse_slo", "parse_space", "field_kind"]
 
 
 # -- config field values ---------------------------------------------------------------------------
@@ -60,6 +62,8 @@ def parse_field_value(name: str, text: str) -> Any:
             return int(text)
         if kind is float:
             return float(text)
+        if name == "goodput_slo":
+            return parse_goodput(text, f"--{name.replace('_', '-')}")
         if kind is tuple:
             return tuple(float(x) for x in text.split(",") if x.strip())
     except ValueError:
@@ -203,31 +207,100 @@ def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
 
 # -- SLOs and search spaces ------------------------------------------------------------------------
 _OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
-SLO_METRICS = [f"{s}_{c}" for c in DERIVED_COLUMNS for s in ("mean", "p50", "p90", "p99")] + ["throughput",
-                                                                                              "goodput"]
+SLO_METRICS = ([f"{s}_{c}" for c in DERIVED_COLUMNS for s in ("mean", "p50", "p90", "p99")]
+               + [f"{s}_{c}_ms" for c in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p90", "p99")]
+               + ["throughput", "request_throughput", "output_throughput", "request_goodput", "slo_attainment"])
+#: Old SLO metric names: ``goodput`` was the summary's output tokens/s (now ``output_throughput``; vLLM's goodput is
+#: ``request_goodput``, requests/s meeting per-request SLOs).
+SLO_ALIASES = {"goodput": "output_throughput"}
 
 
 @dataclass(frozen=True)
 class Slo:
-    """``metric op bound``, e.g. p99 latency <= 20 s (seconds for latency metrics)."""
+    """``metric op bound``, e.g. p99 latency <= 20 s (seconds for the latency metrics without ``_ms``). With
+    ``goodput_slo`` (per-request bounds, ms) the SLO is per-request attainment: ``slo_attainment >= fraction``."""
 
     metric: str
     op: str
     bound: float
+    goodput_slo: tuple[tuple[str, float], ...] = ()
 
     def met(self, value: float) -> bool:
         return bool(_OPS[self.op](value, self.bound))
 
     def __str__(self) -> str:
+        if self.goodput_slo:
+            bounds = " ".join(f"{n}<={v:g}ms" for n, v in self.goodput_slo)
+            return f"{self.bound * 100:g}% of requests with {bounds}"
         return f"{self.metric}{self.op}{self.bound:g}"
+
+    @property
+    def unit(self) -> str:
+        """The unit of the metric, for labels."""
+        m = self.metric
+        if m.endswith("_ms"):
+            return "ms"
+        if m == "slo_attainment":
+            return "fraction of requests"
+        if m in ("throughput", "request_throughput", "request_goodput"):
+            return "req/s"
+        if m == "output_throughput":
+            return "tokens/s"
+        if m.endswith("norm_latency") or m.endswith("tpot"):
+            return "s/token"
+        return "s"
+
+
+def parse_goodput(items: Iterable[str] | str, flag: str = "--goodput") -> tuple[tuple[str, float], ...]:
+    """vLLM's ``--goodput`` pairs ``ttft:500 tpot:50 e2el:20000`` (metric:milliseconds; spaces or commas between
+    pairs) -> (("ttft", 500.0), ...); anything else is a one-line UserError."""
+    from simulator.config import GOODPUT_METRICS
+
+    text = items if isinstance(items, str) else " ".join(items)
+    out: list[tuple[str, float]] = []
+    for pair in text.replace(",", " ").split():
+        name, sep, raw = pair.partition(":")
+        if not sep:
+            raise UserError(f"{flag}: {pair!r} is not METRIC:MS (e.g. ttft:500 tpot:50 e2el:20000)")
+        name = name.strip().lower()
+        if name not in GOODPUT_METRICS:
+            raise UserError(f"{flag}: unknown metric {name!r} (one of {', '.join(GOODPUT_METRICS)}, as vLLM)")
+        raw = raw.strip().removesuffix("ms")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise UserError(f"{flag}: {name}: not a number of milliseconds: {raw!r}") from None
+        if not (math.isfinite(value) and value >= 0):
+            raise UserError(f"{flag}: {name}: must be a finite number of milliseconds >= 0, got {raw!r}")
+        if name in dict(out):
+            raise UserError(f"{flag}: {name} given twice")
+        out.append((name, value))
+    if not out:
+        raise UserError(f"{flag}: no METRIC:MS pair given (e.g. ttft:500 tpot:50)")
+    return tuple(out)
 
 
 def parse_slo(text: str) -> Slo:
-    """``"p99_latency<=20"`` -> Slo("p99_latency", "<=", 20.0); anything else is a one-line UserError."""
-    m = re.fullmatch(r"\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([0-9.eE+-]+)\s*", text or "")
+    """``"p99_latency<=20"`` -> Slo("p99_latency", "<=", 20.0); ``"99% ttft:500 tpot:50"`` -> at least 99% of the
+    requests meet every bound (ms; vLLM's ``--goodput`` pairs): Slo("slo_attainment", ">=", 0.99, bounds). Anything
+    else is a one-line UserError."""
+    text = text or ""
+    attain = re.fullmatch(r"\s*([0-9.eE+-]+)\s*%\s*(?:of\s+requests\s*)?(?:with\s*)?:?\s*(.+)", text)
+    if attain:
+        raw, pairs = attain.groups()
+        try:
+            percent = float(raw)
+        except ValueError:
+            raise UserError(f"--slo: not a percentage: {raw!r}") from None
+        if not (math.isfinite(percent) and 0 < percent <= 100):
+            raise UserError(f"--slo: the percentage must be in (0, 100], got {raw!r}")
+        return Slo("slo_attainment", ">=", percent / 100, parse_goodput(pairs, "--slo"))
+    m = re.fullmatch(r"\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([0-9.eE+-]+)\s*", text)
     if not m:
-        raise UserError(f"--slo: cannot parse {text!r} (expected METRIC<=VALUE, e.g. p99_latency<=20)")
+        raise UserError(f"--slo: cannot parse {text!r} (expected METRIC<=VALUE, e.g. p99_latency<=20, or per-request "
+                        "attainment, e.g. \"99% ttft:500 tpot:50\")")
     metric, op, raw = m.groups()
+    metric = SLO_ALIASES.get(metric, metric)
     if metric not in SLO_METRICS:
         raise UserError(f"--slo: unknown metric {metric!r}; known: {', '.join(SLO_METRICS)}")
     try:

@@ -71,18 +71,39 @@ def analyse(summary: pd.DataFrame, slo: Slo) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
-def plot_tradeoff(table: pd.DataFrame, slo: Slo, path: str | Path) -> str:
-    from simulator.studies.plots import plt, save_figure
+def plot_tradeoff(table: pd.DataFrame, slo: Slo, path: str | Path, summary: pd.DataFrame | None = None,
+                  rates: list[float] | None = None) -> str:
+    """The trade-off (sustainable rate against the metric at the lightest load, one point per setting, the SLO bound
+    as a line) and, given the sweep's ``summary``, the metric against rate per setting with the SLO line. A title
+    says when every setting meets the SLO at every rate tried (raise the rates) or none meets it anywhere."""
+    from simulator.studies.plots import finish_axis, plt, policy_color, save_figure
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    panels = 2 if summary is not None else 1
+    fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4.5), squeeze=False)
+    ax = axes[0][-1]
+    unit = slo.unit
     x, y = table["sustainable_rate"], table[f"{slo.metric}_at_lightest"]
-    ax.scatter(x, y, s=18)
+    ax.scatter(x, y, s=18, color="tab:blue", label="a parameter setting")
     best = table.iloc[0]
     ax.scatter([best["sustainable_rate"]], [best[f"{slo.metric}_at_lightest"]], s=80, facecolors="none",
                edgecolors="red", label=f"best: {best['policy']}")
-    ax.set_xlabel(f"sustainable rate under {slo} (req/s)")
-    ax.set_ylabel(f"{slo.metric} at the lightest load")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.axhline(slo.bound, color="red", lw=1, ls="--", label=f"SLO bound {slo.bound:g} {unit}")
+    finish_axis(ax, f"sustainable rate under the SLO (req/s)", f"{slo.metric} at the lightest load ({unit})")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Tuning trade-off: one point per parameter setting")
+    if summary is not None:
+        left = axes[0][0]
+        by = summary.groupby(["policy", "rate"])[slo.metric].mean().reset_index()
+        for spec, group in by.groupby("policy", sort=False):
+            left.plot(group["rate"], group[slo.metric], marker="o", ms=3, lw=1, color=policy_color(spec),
+                      alpha=1.0 if spec == best["policy"] else 0.35, label=spec if spec == best["policy"] else None)
+        left.axhline(slo.bound, color="red", lw=1, ls="--", label=f"SLO: {slo}")
+        finish_axis(left, "request rate (req/s)", f"{slo.metric} ({unit})")
+        left.legend(fontsize=8)
+        left.set_title("each setting against rate (best highlighted)")
+    tried = f" up to {max(rates):g} req/s" if rates else ""
+    if bool(table["meets_slo_everywhere"].all()):
+        fig.suptitle(f"every setting meets {slo} at every rate tried{tried}: raise --rates", color="tab:red")
+    elif float(table["sustainable_rate"].max()) <= 0:
+        fig.suptitle(f"no setting meets {slo} at any rate tried: lower --rates", color="tab:red")
     return save_figure(fig, path)

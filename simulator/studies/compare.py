@@ -1,0 +1,157 @@
+"""``compare``: two results side by side, or a vLLM benchmark replayed in the simulator.
+
+- ``compare A B``: each of A and B is a ``simulate`` folder (``summary.json``), a sweep folder (``summary.csv``) or a
+  ``vllm bench serve --save-result`` JSON file. Two sweeps: latency versus rate of both, per policy (A solid, B
+  dashed) and a table of mean latency per rate and policy with B / A - 1. Otherwise: a table of every figure both
+  have (TTFT, TPOT, ITL, E2EL in ms, throughputs) with B / A - 1, and a bar figure of the medians and p99s.
+- ``compare RESULT.json --out DIR [config flags]``: the vLLM result's workload (its input and output lengths in
+  order, arrivals drawn at its ``request_rate`` and ``burstiness``: vLLM does not save arrival times) is simulated
+  with the given config (profile, policy, k, ...) into ``DIR``, then simulated is printed against measured per
+  metric (and ``DIR/compare.csv``, ``DIR/compare.png``).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from policies.errors import UserError
+from simulator.studies import vllm_io
+
+
+def _load(path_text: str) -> tuple[str, Any]:
+    """("run", summary dict) | ("sweep", summary frame) | ("vllm", result dict) of a compare input."""
+    path = Path(path_text)
+    if path.is_dir():
+        if (path / "summary.csv").is_file():
+            from simulator.studies.cli import _read_result_csv
+            from simulator.studies.plots import SUMMARY_COLUMNS
+
+            return "sweep", _read_result_csv(path / "summary.csv", SUMMARY_COLUMNS)
+        if (path / "summary.json").is_file():
+            try:
+                return "run", json.loads((path / "summary.json").read_text())
+            except (OSError, ValueError) as exc:
+                raise UserError(f"compare: {path / 'summary.json'}: not a readable summary ({exc})") from None
+        raise UserError(f"compare: {path}: no summary.json (a simulate folder) nor summary.csv (a sweep folder)")
+    if path.is_file():
+        return "vllm", vllm_io.read_vllm_result(path)
+    raise UserError(f"compare: {path}: not found")
+
+
+def _figures(kind: str, data: Any) -> dict[str, float]:
+    return vllm_io.vllm_figures(data) if kind == "vllm" else vllm_io.summary_figures(data)
+
+
+def _names(a: str, b: str) -> tuple[str, str]:
+    na, nb = Path(a).name or a, Path(b).name or b
+    return (na, nb) if na != nb else (f"A: {a}", f"B: {b}")
+
+
+def side_by_side(a: str, b: str, out: str | None) -> int:
+    from simulator.results import check_out_dir, write_csv
+
+    (ka, da), (kb, db) = _load(a), _load(b)
+    names = _names(a, b)
+    out_dir = check_out_dir(Path(out), "compare") if out else None
+    if ka == "sweep" and kb == "sweep":
+        table = _sweeps_table(da, db, names)
+        print("mean latency (s), seeds averaged; rows: request rate (req/s), policy")
+        print(table.to_string(index=False, float_format=lambda v: f"{v:9.3f}"))
+        if out_dir:
+            write_csv(out_dir / "compare.csv", table)
+            print(f"table: {out_dir / 'compare.csv'}")
+            print(f"figure: {plot_sweeps(da, db, names, out_dir / 'compare.png')}")
+        return 0
+    if "sweep" in (ka, kb):
+        raise UserError("compare: a sweep goes beside another sweep; a run beside a run or a vLLM result")
+    table = vllm_io.side_by_side(_figures(ka, da), _figures(kb, db), names)
+    if table.empty:
+        raise UserError(f"compare: {a} and {b} have no figure in common")
+    _print_table(table)
+    if out_dir:
+        write_csv(out_dir / "compare.csv", table)
+        print(f"table: {out_dir / 'compare.csv'}")
+        print(f"figure: {plot_figures(table, names, out_dir / 'compare.png')}")
+    return 0
+
+
+def _print_table(table: pd.DataFrame) -> None:
+    shown = table.copy()
+    shown["relative difference"] = shown["relative difference"].map(
+        lambda v: "" if not math.isfinite(v) else f"{v:+.1%}")
+    print(shown.to_string(index=False, float_format=lambda v: f"{v:10.2f}"))
+
+
+def _sweeps_table(a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str]) -> pd.DataFrame:
+    ma = a.groupby(["rate", "policy"])["mean_latency"].mean().rename(names[0])
+    mb = b.groupby(["rate", "policy"])["mean_latency"].mean().rename(names[1])
+    table = pd.concat([ma, mb], axis=1).reset_index()
+    table["relative difference"] = table[names[1]] / table[names[0]] - 1
+    return table
+
+
+def plot_sweeps(a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str], path: Path) -> str:
+    from simulator.studies.plots import finish_axis, plt, policy_color, save_figure
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for frame, name, style in ((a, names[0], "-"), (b, names[1], "--")):
+        data = frame.groupby(["policy", "rate"])["mean_latency"].mean().reset_index()
+        for policy, group in data.groupby("policy", sort=False):
+            ax.plot(group["rate"], group["mean_latency"], style, marker="o", ms=3, color=policy_color(policy),
+                    label=f"{policy} ({name})")
+    finish_axis(ax, "request rate (req/s)", "mean latency (s)", log_y=True)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title(f"{names[0]} (solid) against {names[1]} (dashed)")
+    return save_figure(fig, path)
+
+
+def plot_figures(table: pd.DataFrame, names: tuple[str, str], path: Path) -> str:
+    from simulator.studies.plots import finish_axis, plt, save_figure
+
+    rows = table[table["figure"].str.match(r"(median|p99)_(ttft|tpot|itl|e2el)_ms")]
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], rows[names[0]], width=0.4, label=names[0], color="tab:blue")
+    ax.bar([i + 0.2 for i in x], rows[names[1]], width=0.4, label=names[1], color="tab:orange")
+    ax.set_xticks(list(x), [f.removesuffix("_ms") for f in rows["figure"]], rotation=30, ha="right")
+    finish_axis(ax, "", "milliseconds", log_y=True)
+    ax.legend(fontsize=8)
+    ax.set_title("median and p99 per metric")
+    return save_figure(fig, path)
+
+
+def replay(source: Path, base: Any, out: str) -> int:
+    """Simulate the workload of vLLM result ``source`` under ``base`` (a config with the trace to be filled in) into
+    ``out``, and print simulated against measured."""
+    from simulator.core.runner import run_simulation, write_result
+    from simulator.results import prepare_out_dir, write_csv
+
+    data = vllm_io.read_vllm_result(source)
+    out_dir, lock = prepare_out_dir(out)
+    with lock:
+        trace = vllm_io.replay_trace(data, base.seed)
+        trace_path = Path(out_dir) / "replayed_workload.csv"
+        write_csv(trace_path, trace)
+        config = base.replace(arrival="trace", trace=str(trace_path), rate=None, trace_speedup=None)
+        result = run_simulation(config)
+        write_result(result, out_dir, "csv")
+        names = (f"measured ({source.name})", "simulated")
+        table = vllm_io.side_by_side(vllm_io.vllm_figures(data), vllm_io.summary_figures(result.summary), names)
+        write_csv(Path(out_dir) / "compare.csv", table)
+        figure = plot_figures(table, names, Path(out_dir) / "compare.png") if len(table) else None
+    rate = data["request_rate"]
+    print(f"replayed {len(trace)} requests of {source} (request rate {rate:g} req/s, burstiness "
+          f"{data['burstiness']:g}; arrivals drawn, vLLM saves none) with policy {config.policy}, profile "
+          f"{result.summary['profile_method']}")
+    _print_table(table)
+    from simulator.studies.cli import warn_saturated
+
+    warn_saturated(result.summary, "the simulation is ")
+    print(f"table: {Path(out_dir) / 'compare.csv'}")
+    if figure:
+        print(f"figure: {figure}")
+    return 0
