@@ -49,6 +49,8 @@ REQUEST_COLUMNS = ["request_id", "arrival_time", "first_token_time", "finish_tim
 DERIVED_COLUMNS = ["ttft", "tpot", "latency", "norm_latency"]
 #: The simulator's extra per-request column: mean inter-token latency per streamed chunk (module docstring).
 ITL_COLUMN = "itl"
+#: Columns a Recorder adds after :data:`DERIVED_COLUMNS`: ``itl`` and ``chunks`` (streamed chunks after the first token).
+EXTRA_COLUMNS = [ITL_COLUMN, "chunks"]
 #: vLLM's ``--goodput`` metrics (bounds in milliseconds) and the per-request column each reads.
 SLO_COLUMNS = {"ttft": "ttft", "tpot": "tpot", "e2el": "latency"}
 #: A run is ``saturated`` when its completions per second fall below this fraction of its arrivals per second and the

@@ -32,7 +32,7 @@ def test_simulate_writes_requests_summary_config_and_steps(capsys, cost_json, tm
     assert len(requests) == 200
     summary = json.loads((out / "summary.json").read_text())
     for key in ("mean_latency", "p50_latency", "p90_latency", "p99_latency", "mean_norm_latency", "p99_ttft",
-                "mean_tpot", "throughput", "goodput", "acceptance_rate", "mean_acceptance_length", "preemptions",
+                "mean_tpot", "throughput", "output_throughput", "acceptance_rate", "mean_acceptance_length", "preemptions",
                 "requests", "simulated_seconds", "wall_seconds"):
         assert key in summary
     config = json.loads((out / "config.json").read_text())

@@ -93,12 +93,12 @@ def test_greedy_output_is_the_targets_with_the_ngram_proposer(pair, requests, se
 
 
 def test_records_have_the_simulators_schema_and_add_up(pair, close_draft, requests):
-    from simulator.metrics import DERIVED_COLUMNS, REQUEST_COLUMNS, STEP_COLUMNS
+    from simulator.metrics import DERIVED_COLUMNS, EXTRA_COLUMNS, REQUEST_COLUMNS, STEP_COLUMNS
 
     workload, prompts = requests
     result = serve(pair, close_draft, workload, prompts)
     req = result.requests
-    assert list(req.columns) == REQUEST_COLUMNS + DERIVED_COLUMNS
+    assert list(req.columns) == REQUEST_COLUMNS + DERIVED_COLUMNS + EXTRA_COLUMNS
     assert req["output_tokens"].tolist() == [len(o) for o in result.outputs] == workload.output_tokens.tolist()
     assert (req["first_token_time"] >= req["arrival_time"]).all()
     assert (req["finish_time"] >= req["first_token_time"]).all()

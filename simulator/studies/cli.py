@@ -412,7 +412,7 @@ def _add_run_flags(parser: argparse.ArgumentParser, out_default: str | None = No
     from simulator.studies.executors import default_workers
 
     parser.add_argument("--out", required=out_default is None, default=out_default, metavar="DIR",
-                        help="output folder" + (f" (default {out_default})" if out_default else " (required)"))
+                        help="output folder, created if missing (results, tables, figures)" + (f" (default {out_default})" if out_default else " (required)"))
     parser.add_argument("--workers", type=int, default=default_workers(), metavar="N",
                         help=f"local worker processes (default {default_workers()}: the usable cores)")
     if cluster:
