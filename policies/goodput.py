@@ -81,6 +81,11 @@ class Goodput(Policy):
     """Choose k each step to maximise expected tokens per predicted second (SmartSpec)."""
 
     name = "goodput"
+    fast = True
+    """Speed shortcut, switched here in one place: when every request shares one acceptance estimate
+    (``acceptance`` global or position) decide, propose and observe in plain Python over the batch instead of
+    numpy calls: the same arithmetic in the same order, so the same decisions bit for bit
+    (``tests/test_fast_paths.py`` runs both). False: the numpy reference path, as written first."""
 
     def __init__(self, k: int, **params: Any) -> None:
         reader = ParamReader(self.name, params)
@@ -136,11 +141,18 @@ class Goodput(Policy):
     def propose(self, view: BatchView) -> np.ndarray:
         if view.batch_size == 0:
             return np.zeros(0, dtype=np.int64)
+        shared = self.fast and self.acceptance != "request"
         if self._steps % self.every == 0:
-            self._decide(view)
+            if shared and self.mode == "batch":
+                self._decide_shared(view)
+            else:
+                self._decide(view)
         self._steps += 1
-        ks = [self._last_by_request.get(r, self._last_k) for r in view.request_ids.tolist()]
-        out = np.minimum(np.asarray(ks, dtype=np.int64), min(self.k, view.max_k))
+        if shared and not self._last_by_request:  # one k for everyone (speed shortcut, see ``fast``)
+            out = np.full(view.batch_size, min(self._last_k, self.k, view.max_k), dtype=np.int64)
+        else:
+            ks = [self._last_by_request.get(r, self._last_k) for r in view.request_ids.tolist()]
+            out = np.minimum(np.asarray(ks, dtype=np.int64), min(self.k, view.max_k))
         if self.probe and min(self.k, view.max_k) > 0:
             if out.any():
                 self._idle = 0
@@ -152,6 +164,9 @@ class Goodput(Policy):
         return out
 
     def observe(self, outcome: StepOutcome) -> None:
+        if self.fast and self.acceptance == "global":
+            self._observe_global(outcome)
+            return
         proposed = np.asarray(outcome.proposed, dtype=np.int64)
         accepted = np.asarray(outcome.accepted, dtype=np.int64)
         if not proposed.any():
@@ -169,6 +184,22 @@ class Goodput(Policy):
                 hit = int(np.count_nonzero(accepted >= j))
                 if reached:
                     self._by_position[j - 1] = (1 - w) * self._by_position[j - 1] + w * hit / reached
+
+    def _observe_global(self, outcome: StepOutcome) -> None:
+        """:meth:`observe` with one global estimate, in plain Python (speed shortcut, see ``fast``): integer counts,
+        then the EMA arithmetic of :meth:`_update` in its order."""
+        proposed, accepted = outcome.proposed.tolist(), outcome.accepted.tolist()
+        if not any(proposed):
+            return
+        pair, w = self._global, self.ema_weight
+        hits = float(sum(accepted))
+        if self.estimator == "ratio":
+            pair[0] = (1 - w) * pair[0] / pair[1] + w * hits / float(sum(proposed))
+            pair[1] = 1.0
+        else:
+            trials = hits + float(sum(a < p for p, a in zip(proposed, accepted)))
+            pair[0] = (1 - w) * pair[0] + w * hits
+            pair[1] = (1 - w) * pair[1] + w * trials
 
     def _update(self, pair: list[float], proposed: np.ndarray, accepted: np.ndarray) -> None:
         """One EMA step of an (accepted, trials) pair with this step's outcome (``estimator`` decides the trials)."""
@@ -203,6 +234,34 @@ class Goodput(Policy):
         if self.mode == "request":
             ks = self._hill_climb(view, table, best_k, best)
             self._last_by_request = dict(zip(view.request_ids.tolist(), ks.tolist()))
+
+    def _decide_shared(self, view: BatchView) -> None:
+        """:meth:`_decide` in batch mode when every request shares one acceptance estimate, in plain Python (speed
+        shortcut, see ``fast``): E[tokens] of one row as :func:`expected_tokens` computes it (running product, then
+        running sum), summed over the batch's identical rows one row at a time as numpy's column sums add them."""
+        k_max = min(self.k, view.max_k)
+        if self.acceptance == "position":
+            accept = self._by_position[:k_max].tolist()
+        else:
+            accept = [self._global[0] / self._global[1]] * k_max
+        row, product, reach = [1.0], 1.0, 0.0
+        for j, a in enumerate(accept):
+            product = a if j == 0 else product * a
+            reach = product if j == 0 else reach + product
+            row.append(1.0 + reach)
+        batch = view.batch_size
+        seconds = uniform_step_seconds(view.cost_model, batch, int(view.context_lens.sum()), k_max, view.draft_cost)
+        best_k, best, bonus = 0, -1.0, self.bonus
+        for k in range(k_max + 1):
+            tokens = x = row[k]
+            for _ in range(batch - 1):
+                tokens += x
+            value = tokens / seconds[k]
+            if k == 0:
+                value = value * bonus
+            if value > best:
+                best_k, best = k, value
+        self._last_k = best_k
 
     def _goodput(self, tokens: float, seconds: float, speculates: bool) -> float:
         """Expected tokens per predicted second; times ``bonus`` when nobody speculates."""

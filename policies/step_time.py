@@ -141,11 +141,21 @@ def uniform_step_seconds(cost_model: StepCosts, batch_size: int, context_tokens:
                          draft_cost: bool) -> list[float]:
     """:func:`shape_seconds` of :func:`uniform_step_shape` for k = 0..k_max: what a batch-wide choice of k
     compares. Step k runs the first k draft passes of step k_max, so each pass is priced once."""
+    global _last_uniform
     shape = uniform_step_shape(batch_size, context_tokens, k_max)
     overhead = cost_model.overhead_time(batch_size)
     drafts = [cost_model.draft_time(seqs, tokens) for seqs, tokens in shape.draft_passes] if draft_cost else []
-    return [step_seconds(cost_model.target_time(batch_size, batch_size * (k + 1), context_tokens), overhead,
-                         drafts[:k]) for k in range(k_max + 1)]
+    seconds = [step_seconds(cost_model.target_time(batch_size, batch_size * (k + 1), context_tokens), overhead,
+                            drafts[:k]) for k in range(k_max + 1)]
+    _last_uniform = (cost_model, batch_size, context_tokens, draft_cost, seconds)
+    return seconds
+
+
+_last_uniform: tuple = (None, 0, 0, False, [])
+"""The latest :func:`uniform_step_seconds`: (cost model, batch size, context tokens, draft_cost, seconds by k).
+Speed shortcut: :func:`predict_step_seconds` of a uniform step of that batch returns its entry instead of pricing
+the step again (an adaptive policy has just priced it on the same cost model); equal bit for bit, as above. The
+key is the whole input (the model by identity, held here so that it stays the same object)."""
 
 
 def run_seconds(cost_model: StepCosts, batch_size: int, query_tokens: int, context_tokens: Sequence[int],
@@ -167,4 +177,12 @@ def predict_step_seconds(cost_model: StepCosts, context_lens: Sequence[int] | np
 
     ``draft_cost`` is False for an n-gram proposer (no draft passes).
     """
-    return shape_seconds(cost_model, step_shape(context_lens, ks), draft_cost)
+    shape = step_shape(context_lens, ks)
+    model, batch, context, draft, seconds = _last_uniform
+    if (model is cost_model and batch and batch == shape.batch_size and context == shape.context_tokens
+            and draft == draft_cost):
+        k = shape.query_tokens // batch - 1
+        if k < len(seconds) and shape.query_tokens == batch * (k + 1) and len(shape.draft_passes) == k \
+                and all(seqs == batch for seqs, _ in shape.draft_passes):  # uniform: priced just now (speed shortcut)
+            return seconds[k]
+    return shape_seconds(cost_model, shape, draft_cost)
