@@ -177,6 +177,9 @@ def predict_step_seconds(cost_model: StepCosts, context_lens: Sequence[int] | np
 
     ``draft_cost`` is False for an n-gram proposer (no draft passes).
     """
+    if not draft_cost and isinstance(ks, list) and isinstance(context_lens, list):
+        # no draft passes to price: the shape without them (speed shortcut; shape_seconds reads none of them)
+        return shape_seconds(cost_model, StepShape(len(ks), sum(ks) + len(ks), sum(context_lens), ()), False)
     shape = step_shape(context_lens, ks)
     model, batch, context, draft, seconds = _last_uniform
     if (model is cost_model and batch and batch == shape.batch_size and context == shape.context_tokens

@@ -70,6 +70,7 @@ def test_uniform_step_memo_is_the_priced_step():
         for ks in ([int(rng.integers(0, 6))] * batch, rng.integers(0, 6, size=batch).tolist()):
             got = predict_step_seconds(cost, ctx, ks, True)
             assert got == shape_seconds(cost, step_shape(ctx, ks), True)
+        assert predict_step_seconds(cost, ctx, ks, False) == shape_seconds(cost, step_shape(ctx, ks), False)
     assert step_time._last_uniform[0] is cost
 
 
