@@ -103,7 +103,9 @@ def build_parser() -> _Parser:
     real.add_argument("--engine", action="store_true", help="profile the real engine's passes (grid flags apply; "
                       "default grid: the CPU validation grid)")
     real.add_argument("--acceptance", action="store_true", help="measure the pair's acceptance on the shipped prompts")
-    real.add_argument("--pair", default="smollm2", help="models: smollm2 (SmolLM2-135M-Instruct + its draft) or tiny")
+    real.add_argument("--pair", default="smollm2", help="models: smollm2 (SmolLM2-135M-Instruct + its draft), tiny, "
+                                                        "or TARGET+DRAFT model configs with random weights (--engine; "
+                                                        "--device, --dtype and --forward apply)")
     real.add_argument("--draft-path", help="folder of the draft (default: profiles/data/smollm2-draft)")
     real.add_argument("--prefill-batch-sizes", help="--engine: prefill batch sizes (default 1,2,4,8)")
     real.add_argument("--rounds", type=int, default=9, help="--engine: passes over the whole grid")
@@ -152,8 +154,12 @@ def real_engine(args: argparse.Namespace) -> int:
                         f"{exc}") from None
     from profiles.models.pairs import load_pair
 
-    torch.set_num_threads(args.threads or 1)
-    pair = load_pair(args.pair, args.draft_path)
+    from profiles.models import forward
+
+    kind = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    device = forward.setup_device(kind, args.threads or 1)
+    pair = load_pair(args.pair, args.draft_path, device=device,
+                     dtype=args.dtype if device.type == "cuda" or "+" in args.pair else "fp32")
     if args.acceptance:
         from profiles.acceptance import fit_report, measure_acceptance, write_trace
 
@@ -169,7 +175,7 @@ def real_engine(args: argparse.Namespace) -> int:
     frame = profile_engine(pair, EngineProfileSettings(
         out=args.out, grid=_grid(args, CPU_GRID), prefill_batch_sizes=prefill_batches, timing=_timing(args, CPU_TIMING),
         rounds=args.rounds, spread=args.spread, temperature=args.temperature, threads=args.threads or 1,
-        seed=args.seed))
+        seed=args.seed, forward=args.forward, cuda_graphs=args.cuda_graphs))
     print(f"{args.out}: {len(frame)} rows of the {args.pair} engine's passes")
     return 0
 

@@ -45,7 +45,8 @@ from policies.registry import make_policy
 from profiles.models import forward
 from profiles.analytical import GIB
 from profiles.serving.engine import EngineConfig, RealEngine, StepRunner
-from profiles.serving.kv import PaddedBatch
+from profiles.models.optimized import FORWARDS
+from profiles.serving.kv import KVBatch, PaddedBatch, SlotBatch, make_kv_batch
 from profiles.models.pairs import ModelPair
 from profiles.grid import Grid
 from profiles.profiler import COLUMNS, TimingPolicy, measure
@@ -88,8 +89,13 @@ class EngineProfileSettings:
     temperature: float = 0.0
     threads: int = 1
     seed: int = 0
+    forward: str = "eager"
+    """The engine's forward path (``eager`` or ``optimized``, :class:`profiles.serving.engine.EngineConfig`)."""
+    cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
+        if self.forward not in FORWARDS:
+            raise UserError(f"--forward: must be one of {', '.join(FORWARDS)} (got {self.forward!r})")
         if self.rounds < 1:
             raise UserError(f"--rounds: must be >= 1 (got {self.rounds})")
         if not 0 <= self.spread < 1:
@@ -99,15 +105,21 @@ class EngineProfileSettings:
 
 
 def random_batch(model: Any, batch_size: int, context_len: int, generator: torch.Generator,
-                 spread: float = 0.0) -> PaddedBatch:
-    """A :class:`PaddedBatch` of ``batch_size`` sequences holding ``context_len`` random tokens' KV on average:
-    with ``spread`` > 0 (and two or more sequences) their lengths run evenly from ``c (1 - spread)`` to
-    ``c (1 + spread)`` (summing to ``batch_size x c``), left-padded to the longest, as the engine holds
-    requests with prompts of different lengths."""
+                 spread: float = 0.0, forward_path: str = "eager", max_query: int = 16,
+                 cuda_graphs: bool = True) -> KVBatch:
+    """A running batch of ``batch_size`` sequences holding ``context_len`` random tokens' KV on average: with
+    ``spread`` > 0 (and two or more sequences) their lengths run evenly from ``c (1 - spread)`` to
+    ``c (1 + spread)`` (summing to ``batch_size x c``), as the engine holds requests with prompts of different
+    lengths; on the eager path left-padded to the longest (a :class:`PaddedBatch`), on the optimized path one
+    slot each (a :class:`SlotBatch` with room for ``max_query`` more tokens)."""
     lengths = np.full(batch_size, context_len)
     if batch_size > 1 and spread > 0:
         lengths = np.rint(context_len * (1 + spread * np.linspace(-1, 1, batch_size))).astype(int)
         lengths[-1] += batch_size * context_len - lengths.sum()
+    if forward_path == "optimized":
+        batch = SlotBatch(model, batch_size, int(lengths.max()) + max_query, None if cuda_graphs else False)
+        batch.fill_random(lengths.tolist(), generator)
+        return batch
     width = int(lengths.max())
     cache = forward.random_cache(model, batch_size, width, generator)
     valid = torch.arange(width, device=model.device) >= torch.as_tensor(width - lengths, device=model.device)[:, None]
@@ -125,14 +137,15 @@ def profile_engine(pair: ModelPair, settings: EngineProfileSettings,
     """
     if pair.draft is None:
         raise UserError(f"--engine: the {pair.name} pair has no draft model to profile")
-    torch.set_num_threads(settings.threads)
-    torch.set_flush_denormal(True)
+    if pair.target.device.type == "cpu":
+        torch.set_num_threads(settings.threads)
+        torch.set_flush_denormal(True)
     started, wall = datetime.datetime.now(datetime.timezone.utc), time.monotonic()
     rng = np.random.default_rng(settings.seed)
-    generator = torch.Generator().manual_seed(settings.seed)
+    generator = torch.Generator(device=pair.target.device).manual_seed(settings.seed)
     runner = StepRunner(pair.target, pair.draft, settings.temperature, rng)
     grid = settings.grid
-    no_sync = lambda: None  # noqa: E731 - CPU work is synchronous
+    sync = lambda: forward.synchronize(pair.target.device)  # noqa: E731 - a no-op on the CPU
     timings: dict[tuple, list[Any]] = {}
 
     keys = [("target", "decode", b, q, c) for b in grid.batch_sizes for c in grid.context_lens for q in grid.query_lens]
@@ -144,8 +157,9 @@ def profile_engine(pair: ModelPair, settings: EngineProfileSettings,
         timing = settings.timing if round_index == 0 else replace(settings.timing, warmup=0)
         batches: dict = {}
         for key in keys:
-            run, reset = point_pass(pair, runner, key, settings.spread, rng, generator, batches)
-            timings.setdefault(key, []).append(measure(run, reset, no_sync, timing))
+            run, reset = point_pass(pair, runner, key, settings.spread, rng, generator, batches, settings.forward,
+                                    settings.cuda_graphs)
+            timings.setdefault(key, []).append(measure(run, reset, sync, timing))
     rows = [{"role": key[0], "phase": key[1], "batch_size": key[2], "query_len": key[3], "context_len": key[4],
              "seconds": float(np.median([t.median for t in ts])),
              "seconds_p10": float(np.percentile([t.median for t in ts], 10)),
@@ -159,22 +173,26 @@ def profile_engine(pair: ModelPair, settings: EngineProfileSettings,
 
 
 def point_pass(pair: ModelPair, runner: StepRunner, key: tuple, spread: float, rng: np.random.Generator,
-               generator: torch.Generator,
-               batches: dict | None = None) -> tuple[Callable[[], Any], Callable[[], Any]]:
+               generator: torch.Generator, batches: dict | None = None, forward_path: str = "eager",
+               cuda_graphs: bool = True) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """The timed pass of profile row ``key`` = (role, phase, batch_size, query_len, context_len) on random
     inputs, and the untimed reset that undoes it (module docstring). ``batches``: decode caches to reuse, by
     (role, batch_size, context_len)."""
     role, phase, b, q, c = key
     model = pair.target if role == "target" else pair.draft
     vocab = model.config.vocab_size
+    graphs = None if cuda_graphs else False
     if phase == "prefill":
         prompts = rng.integers(0, vocab, (b, q)).tolist()
+
+        def fresh() -> KVBatch:
+            return make_kv_batch(forward_path, model, b, q + 64, graphs)
         if role == "target":
-            return lambda: runner.first_tokens(runner.prefill(PaddedBatch(model), prompts)), lambda: None
-        return lambda: runner.prefill(PaddedBatch(model), prompts), lambda: None
+            return lambda: runner.first_tokens(runner.prefill(fresh(), prompts)), lambda: None
+        return lambda: runner.prefill(fresh(), prompts)[:, :1].tolist(), lambda: None  # .tolist(): wait for it
     batches = {} if batches is None else batches
     if (role, b, c) not in batches:
-        batches[(role, b, c)] = random_batch(model, b, c, generator, spread)
+        batches[(role, b, c)] = random_batch(model, b, c, generator, spread, forward_path, cuda_graphs=cuda_graphs)
     batch = batches[(role, b, c)]
     lengths = batch.lengths()
     if role == "draft":
@@ -186,7 +204,7 @@ def point_pass(pair: ModelPair, runner: StepRunner, key: tuple, spread: float, r
 
 
 def machine_speed(pair: ModelPair, profile: pd.DataFrame, spread: float, temperature: float,
-                  seed: int = 0) -> float:
+                  seed: int = 0, forward_path: str = "eager") -> float:
     """How much slower the machine runs now than when ``profile`` was measured: the median over a few of the
     profile's own points (target decode at the middle context: the smallest batch with q = 1, the largest
     with q = 1 and with the largest q; the draft at the largest batch; one prompt of the middle prefill
@@ -206,11 +224,12 @@ def machine_speed(pair: ModelPair, profile: pd.DataFrame, spread: float, tempera
         row = ones.iloc[len(ones) // 2]
         keys.append(("target", "prefill", int(row["batch_size"]), int(row["query_len"]), 0))
     seconds = profile.set_index(["role", "phase", "batch_size", "query_len", "context_len"])["seconds"]
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator(device=pair.target.device).manual_seed(seed)
+    sync = lambda: forward.synchronize(pair.target.device)  # noqa: E731
     ratios = []
     for key in keys:
-        run, reset = point_pass(pair, runner, key, spread, rng, generator)
-        ratios.append(measure(run, reset, lambda: None, CALIBRATION_TIMING).median / float(seconds[key]))
+        run, reset = point_pass(pair, runner, key, spread, rng, generator, forward_path=forward_path)
+        ratios.append(measure(run, reset, sync, CALIBRATION_TIMING).median / float(seconds[key]))
     return float(np.median(ratios))
 
 
@@ -227,7 +246,9 @@ def measure_overhead(pair: ModelPair, settings: EngineProfileSettings,
         workload = Workload(np.zeros(n), np.full(n, prompt_len), np.full(n, OVERHEAD_OUTPUT_LEN), "overhead run")
         prompts = rng.integers(0, vocab, (n, prompt_len)).tolist()
         engine = RealEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=b, max_k=OVERHEAD_K,
-                                                                      temperature=settings.temperature),
+                                                                  temperature=settings.temperature,
+                                                                  forward=settings.forward,
+                                                                  cuda_graphs=settings.cuda_graphs),
                                make_policy("fixed-k", OVERHEAD_K), None, rng)
         steps = engine.run(workload, prompts).steps
         steps["overhead"] = steps["seconds"] - steps["target_seconds"] - steps["draft_seconds"]
@@ -258,23 +279,27 @@ def _meta(pair: ModelPair, settings: EngineProfileSettings, started: datetime.da
         return sum(p.numel() for n, p in model.named_parameters()
                    if not (own_only and n.startswith(("model.embed_tokens", "lm_head"))))
 
+    width = pair.target.dtype.itemsize
+
     def kv_bytes(model: Any) -> int:
         c = model.config
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        return 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 4
+        return 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * width
 
-    device = torch.device("cpu")
+    device = pair.target.device
     return {
         "method": "measured",
         "device": forward.device_name(device),
-        "dtype": "fp32",
-        "threads": settings.threads,
+        "dtype": {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[pair.target.dtype],
+        "forward": settings.forward,
+        "cuda_graphs": settings.forward == "optimized" and settings.cuda_graphs and device.type == "cuda",
+        "threads": settings.threads if device.type == "cpu" else None,
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "python_version": platform.python_version(),
         "date": started.isoformat(timespec="seconds"),
         "wall_seconds": round(seconds, 1),
-        "engine": {"pair": pair.name, "temperature": settings.temperature, "cache": "profiles.serving.kv.PaddedBatch",
+        "engine": {"pair": pair.name, "temperature": settings.temperature, "cache": "profiles.serving.kv." + ("SlotBatch" if settings.forward == "optimized" else "PaddedBatch"),
                    "decode_length_spread": settings.spread,
                    "passes": "profiles.serving.engine.StepRunner (verify, draft_pass, prefill, first_tokens)",
                    "overhead_runs": overhead, "overhead_k": OVERHEAD_K, "overhead_output_len": OVERHEAD_OUTPUT_LEN},
@@ -284,9 +309,9 @@ def _meta(pair: ModelPair, settings: EngineProfileSettings, started: datetime.da
         "target": {"num_layers": pair.target.config.num_hidden_layers, "params": params(pair.target, False)},
         "draft": {"num_layers": pair.draft.config.num_hidden_layers, "own_params": params(pair.draft, True)},
         "memory": {"device_memory_gb": forward.total_memory_bytes(device) / GIB,
-                   "target_weight_gb": params(pair.target, False) * 4 / GIB,
+                   "target_weight_gb": params(pair.target, False) * width / GIB,
                    "target_kv_bytes_per_token": kv_bytes(pair.target),
-                   "draft_weight_gb": params(pair.draft, True) * 4 / GIB,
+                   "draft_weight_gb": params(pair.draft, True) * width / GIB,
                    "draft_kv_bytes_per_token": kv_bytes(pair.draft)},
         "complete": True,
     }

@@ -19,6 +19,11 @@
 #               Llama-3.1-8B + Llama-3.2-1B     -> h200-optimized__llama-3.1-8b__llama-3.2-1b.csv (+ .meta.json)
 #             The grid runs coarse to fine, so a part cut by its slice still spans the grid. ONLY_TARGET=NAME
 #             profiles that target's pair alone.
+#   engine    the real engine's own step costs at 7B (run_sim.py profile --engine --forward optimized on the random
+#             Llama-2-7B + 68M pair): its passes as the engine runs them (unequal lengths in slots, the draft's and the
+#             verification's bookkeeping) and its per-step overhead, decode and prefill apart
+#                                                              -> h200-optimized-engine__llama-2-7b__llama-68m.csv
+#             The validate stage prices with it when present (else with the profile stage's pass profile).
 #   validate  the timing twin at 7B (run_sim.py validate --twin $TWIN): the real engine (optimized forward) on the
 #             random-weight Llama-2-7B + 68M pair, accept/reject drawn from a constant acceptance model, against
 #             the simulator on the profile measured in the profile stage (or the shipped one)
@@ -26,12 +31,12 @@
 #   single    the single-request study on the GPU (python -m profiles.validation.single_request) with the timing
 #             twin on the 7B pair (the SmolLM2 GGUF, 98 MB, does not fit a 64 MiB transfer: left out)
 #                                                                                  -> single_request_7b.csv
-# Output in $OUT, flat (at most 8 files come back): the files above and gpu_run.log.
+# Output in $OUT, flat (at most 8 files come back): the pass profiles, gpu_run.log, and bundle.tgz holding the rest
+# (forward_check.json, the engine profile, validate_7b.tgz, single_request_7b.csv).
 #
-# GPU time estimate (optimized path: one graph captured per decode point, ~3 passes, then >= 4 timed replays;
-# a 7-8B pass at small batch ~3-6 ms, launch-bound no more): ~560 points per pair at ~8 passes of ~10 ms on
-# average, plus per-group cache fills (~1 TB/s) and model start-up (~15-20 s): ~60-90 s per pair. Slices: check
-# 40 s, profile 150 + 160 s, validate 100 s, single 40 s (TOTAL_SECONDS 480 less start-up per stage).
+# GPU time, measured (2026-11-30, profiles/data/gpu_runs/): check 17 s; profile 128 s (7B pair) and 138 s (8B
+# pair) of measuring plus ~15 s start-up each; validate 48 s; single 16 s; a machine's start ~30 s. Slices: check
+# 40, profile 150 + 160, engine 60, validate 100, single 40 (shares of TOTAL_SECONDS, default 480, less start-up).
 set -uo pipefail
 
 : "${OUT:?set OUT to the output folder}"
@@ -42,7 +47,7 @@ mkdir -p "$OUT"
 LOG="$OUT/gpu_run.log"
 : > "$LOG"
 START=$(date +%s)
-STAGES=",${STAGES:-check,profile,validate,single},"
+STAGES=",${STAGES:-check,profile,engine,validate,single},"
 
 if [ "${TINY:-0}" = 1 ]; then
   TOTAL_SECONDS=${TOTAL_SECONDS:-240}
@@ -52,6 +57,8 @@ if [ "${TINY:-0}" = 1 ]; then
   COMMON=(--device cpu --dtype fp32 --threads 1 --batch-sizes 1,2,4,8 --query-lens 1,2,3,4,5
           --context-lens 16,32,64,128 --prefill-lens 16,32,64 --max-prefill-tokens 256)
   PAIR=tiny; VALIDATE=(--rates 4,32 --num-requests 12 --policies no-spec,fixed-k:3 --max-num-seqs 8)
+  ENGINE=(--batch-sizes 1,2,4,8 --query-lens 1,2,3,4 --context-lens 16,32 --prefill-lens 16 --prefill-batch-sizes 1,2
+          --rounds 2)
   LENGTHS=(--prompt-len 16 --output-len 12)
 else
   TOTAL_SECONDS=${TOTAL_SECONDS:-480}
@@ -64,6 +71,8 @@ else
   PAIR=llama-2-7b+llama-68m; VALIDATE=(--rates 8,32,128 --num-requests 32 --policies no-spec,fixed-k:3,goodput
                                         --max-num-seqs 16 --max-num-batched-tokens 4096)
   LENGTHS=(--prompt-len 256 --output-len 64)
+  ENGINE=(--batch-sizes 1,2,4,8,12,16 --query-lens 1,2,3,4,5 --context-lens 256,288,320 --prefill-lens 256
+          --prefill-batch-sizes 1,2,4 --rounds 3)
 fi
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 TWIN=${TWIN:-0.7}  # the timing twin's constant per-token acceptance rate
@@ -87,7 +96,8 @@ selected() { [ -z "${ONLY_TARGET:-}" ] || [ "${1%%|*}" = "$ONLY_TARGET" ]; }
 PROFILE_WEIGHT=0
 for pair in "${PAIRS[@]}"; do selected "$pair" && PROFILE_WEIGHT=$((PROFILE_WEIGHT + ${pair##*|})); done
 WEIGHTS=$(( $(has check && echo 40 || echo 0) + $(has profile && echo $PROFILE_WEIGHT || echo 0)
-            + $(has validate && echo 100 || echo 0) + $(has single && echo 40 || echo 0) ))
+            + $(has engine && echo 60 || echo 0) + $(has validate && echo 100 || echo 0)
+            + $(has single && echo 40 || echo 0) ))
 
 if has check; then
   S=$(slice 40 "$WEIGHTS"); WEIGHTS=$((WEIGHTS - 40))
@@ -116,6 +126,15 @@ PROFILE_7B="$OUT/${HW}-optimized__${PAIRS[0]%%|*}__$(cut -d'|' -f2 <<< "${PAIRS[
 [ "${TINY:-0}" = 1 ] && PROFILE_7B="$OUT/${HW}0-optimized__tiny-target__tiny-draft.csv"
 [ -f "$PROFILE_7B" ] || PROFILE_7B="profiles/data/$(basename "$PROFILE_7B")"
 
+ENGINE_7B="$OUT/${HW}-optimized-engine__${PAIR//+/__}.csv"
+if has engine; then
+  S=$(slice 60 "$WEIGHTS"); WEIGHTS=$((WEIGHTS - 60))
+  log "engine: ${S} s slice"
+  run $((S + STARTUP + 30)) "$PY" run_sim.py profile --engine --pair "$PAIR" --device "$DEVICE" --dtype "$DTYPE" \
+    --forward optimized "${GRAPHS[@]}" "${ENGINE[@]}" --out "$ENGINE_7B"
+fi
+[ -f "$ENGINE_7B" ] && PROFILE_7B="$ENGINE_7B"
+
 if has validate; then
   S=$(slice 100 "$WEIGHTS"); WEIGHTS=$((WEIGHTS - 100))
   log "validate: ${S} s slice, profile $PROFILE_7B"
@@ -134,6 +153,11 @@ if has single; then
     --max-seconds "$S" --out "$OUT/single_request_7b.csv"
 fi
 
+# At most 8 files come back from the machine: the pass profiles and the log stay as they are, the rest is packed.
+EXTRA=$(cd "$OUT" && ls | grep -v -e '^gpu_run.log$' -e '^bundle.tgz$' | grep -v -E '^[a-z0-9]+-optimized__' || true)
+if [ -n "$EXTRA" ]; then
+  (cd "$OUT" && tar czf bundle.tgz $EXTRA && rm -f $EXTRA) && log "packed into bundle.tgz: $(echo $EXTRA)"
+fi
 log "all stages done in $(($(date +%s) - START)) s; summary:"
 "$PY" - "$OUT"/*optimized__*.csv <<'EOF' 2>&1 | tee -a "$LOG"
 """Summary of the profiles written: rows, skips, time used, a few reference points."""

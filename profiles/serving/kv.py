@@ -155,6 +155,13 @@ class SlotBatch:
     def lengths(self) -> list[int]:
         return list(self._lengths)
 
+    def fill_random(self, lengths: Sequence[int], generator: torch.Generator) -> None:
+        """Make the batch ``len(lengths)`` rows holding that many random keys and values each (the engine
+        profile's stand-in for prefilled requests)."""
+        for slot, n in enumerate(lengths):
+            self.cache.fill_random(slot, slot + 1, int(n), generator)
+        self.rows, self._lengths = len(lengths), [int(n) for n in lengths]
+
     def slots(self) -> int:
         if not self.rows:
             return 0

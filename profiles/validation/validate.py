@@ -222,7 +222,8 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
                 log(f"rate {rate:g} {spec}: not run, past --max-seconds {settings.max_seconds:g}")
                 continue
             k = settings.k if k is None else k
-            speed = machine_speed(pair, table.frame, spread, 0.0, settings.seed) if engine_profile else 1.0
+            speed = machine_speed(pair, table.frame, spread, 0.0, settings.seed,
+                                  table.meta.get("forward") or "eager") if engine_profile else 1.0
             config = simulation_config(workload, name, k, params, settings.profile, settings.acceptance_trace,
                                        settings.fitter, settings.max_num_seqs, settings.max_num_batched_tokens,
                                        rate=rate, twin=settings.twin)
