@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from policies.errors import UserError
 from simulator.config import SimConfig
+from simulator.studies.compare import read_result_csv as _read_result_csv, warn_saturated
 from simulator.studies.specs import (field_kind, parse_field_value, parse_goodput, parse_grid, parse_policy_list,
                                      parse_policy_params, parse_rates, parse_seeds, parse_slo)
 
@@ -213,14 +214,6 @@ def print_summary(s: dict[str, Any], config: SimConfig) -> None:
     warn_saturated(s)
 
 
-def warn_saturated(s: dict[str, Any], label: str = "") -> None:
-    """One clear line on stderr when the served rate falls short of the offered rate."""
-    if s.get("saturated"):
-        print(f"warning: {label}saturated: {s['offered_rate']:.2f} req/s offered, {s['served_rate']:.2f} req/s served "
-              "(completions/s) and the queue grew through the run: the engine cannot keep up, latency figures grow "
-              "with the run's length; lower --rate or add capacity", file=sys.stderr)
-
-
 def warn_ignored(summary: dict[str, Any], config: SimConfig) -> None:
     """One warning line on stderr when requests were ignored because they can never fit in the KV cache."""
     n = summary.get("ignored_requests", 0)
@@ -284,35 +277,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
     for f in figures:
         print(f"figure: {f}")
     return 0
-
-
-def _read_result_csv(path: Path, required: dict[str, str]) -> Any:
-    """A results CSV written by a sweep, checked: readable, at least one row, the ``required`` columns (name ->
-    ``number`` or ``text``) present, numbers finite where they must be; else one line naming the file."""
-    import pandas as pd
-
-    try:
-        frame = pd.read_csv(path)
-    except pd.errors.EmptyDataError:
-        raise UserError(f"plot: {path}: empty file (an interrupted or foreign file; rerun the sweep)") from None
-    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
-        raise UserError(f"plot: {path}: not a readable CSV file ({str(exc).splitlines()[0]})") from None
-    except OSError as exc:
-        raise UserError(f"plot: {path}: cannot read the file ({exc.strerror or exc})") from None
-    if frame.empty:
-        raise UserError(f"plot: {path}: no rows (rerun the sweep)")
-    for column, kind in required.items():
-        if column not in frame.columns:
-            raise UserError(f"plot: {path}: missing column {column!r} (not a specsim sweep's file?)")
-        if kind == "number":
-            values = pd.to_numeric(frame[column], errors="coerce")
-            bad = values.isna() & frame[column].notna() | ~values.abs().lt(float("inf")) & values.notna()
-            if bad.any():
-                i = int(bad.to_numpy().argmax())
-                raise UserError(f"plot: {path}: line {i + 2}: {column} must be a finite number "
-                                f"(got {frame[column].iloc[i]!r})")
-            frame[column] = values
-    return frame
 
 
 def _writable_dir(out: Path) -> Path:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +28,9 @@ def _load(path_text: str) -> tuple[str, Any]:
     path = Path(path_text)
     if path.is_dir():
         if (path / "summary.csv").is_file():
-            from simulator.studies.cli import _read_result_csv
             from simulator.studies.plots import SUMMARY_COLUMNS
 
-            return "sweep", _read_result_csv(path / "summary.csv", SUMMARY_COLUMNS)
+            return "sweep", read_result_csv(path / "summary.csv", SUMMARY_COLUMNS)
         if (path / "summary.json").is_file():
             try:
                 return "run", json.loads((path / "summary.json").read_text())
@@ -148,10 +148,45 @@ def replay(source: Path, base: Any, out: str) -> int:
           f"{data['burstiness']:g}; arrivals drawn, vLLM saves none) with policy {config.policy}, profile "
           f"{result.summary['profile_method']}")
     _print_table(table)
-    from simulator.studies.cli import warn_saturated
-
     warn_saturated(result.summary, "the simulation is ")
     print(f"table: {Path(out_dir) / 'compare.csv'}")
     if figure:
         print(f"figure: {figure}")
     return 0
+
+
+def read_result_csv(path: Path, required: dict[str, str]) -> Any:
+    """A results CSV written by a sweep, checked: readable, at least one row, the ``required`` columns (name ->
+    ``number`` or ``text``) present, numbers finite where they must be; else one line naming the file."""
+    import pandas as pd
+
+    try:
+        frame = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise UserError(f"plot: {path}: empty file (an interrupted or foreign file; rerun the sweep)") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as exc:
+        raise UserError(f"plot: {path}: not a readable CSV file ({str(exc).splitlines()[0]})") from None
+    except OSError as exc:
+        raise UserError(f"plot: {path}: cannot read the file ({exc.strerror or exc})") from None
+    if frame.empty:
+        raise UserError(f"plot: {path}: no rows (rerun the sweep)")
+    for column, kind in required.items():
+        if column not in frame.columns:
+            raise UserError(f"plot: {path}: missing column {column!r} (not a specsim sweep's file?)")
+        if kind == "number":
+            values = pd.to_numeric(frame[column], errors="coerce")
+            bad = values.isna() & frame[column].notna() | ~values.abs().lt(float("inf")) & values.notna()
+            if bad.any():
+                i = int(bad.to_numpy().argmax())
+                raise UserError(f"plot: {path}: line {i + 2}: {column} must be a finite number "
+                                f"(got {frame[column].iloc[i]!r})")
+            frame[column] = values
+    return frame
+
+
+def warn_saturated(s: dict[str, Any], label: str = "") -> None:
+    """One clear line on stderr when the served rate falls short of the offered rate."""
+    if s.get("saturated"):
+        print(f"warning: {label}saturated: {s['offered_rate']:.2f} req/s offered, {s['served_rate']:.2f} req/s served "
+              "(completions/s) and the queue grew through the run: the engine cannot keep up, latency figures grow "
+              "with the run's length; lower --rate or add capacity", file=sys.stderr)
