@@ -241,7 +241,8 @@ def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_l
     tokens = batch_size * query_len
     kv_width = 2 * arch.kv_heads * arch.head_dim / tp  # K and V elements per token and layer on one device
     linear = _roofline(2 * tokens * arch.layer_linear_params / tp,
-                       arch.layer_linear_params / tp * weight_bytes + tokens * arch.activation_elements(tp) * dtype_bytes,
+                       arch.layer_linear_params / tp * weight_bytes
+                       + tokens * arch.activation_elements(tp) * dtype_bytes,
                        gpu, eff)
     mean_keys = context_len + (query_len + 1) / 2
     if phase == "decode" and verification == "batch-expansion":  # q sequences over contexts c + j, each read
@@ -322,7 +323,8 @@ def kv_fits(target: Architecture, draft: Architecture, gpu: GPU, tp: int, tokens
             target_weight_bytes: float | None = None, draft_weight_bytes: float | None = None) -> bool:
     """Whether ``tokens`` tokens of target and draft KV cache fit the first device next to the weights
     (target weights and KV split ``tp`` ways, the draft's whole there; projection weights at the given bytes)."""
-    weights = target.weight_bytes(dtype_bytes, target_weight_bytes) / tp + draft.weight_bytes(dtype_bytes, draft_weight_bytes)
+    weights = target.weight_bytes(dtype_bytes, target_weight_bytes) / tp \
+        + draft.weight_bytes(dtype_bytes, draft_weight_bytes)
     kv = tokens * (target.kv_bytes_per_token(dtype_bytes) / tp + draft.kv_bytes_per_token(dtype_bytes))
     return weights + kv + ACTIVATION_RESERVE_GIB * GIB <= MEMORY_UTILIZATION * gpu.memory_gib * GIB
 
@@ -414,7 +416,8 @@ def fit_efficiency(measured: list[tuple[str, str, pd.DataFrame]], gpu_key: str =
     weight = (1.0 / groups.map(groups.value_counts())).to_numpy()
 
     def efficiency(x: Any) -> Efficiency:
-        return replace(start, compute=x[0], bandwidth=x[1], overhead_fixed_s=x[2] * 1e-6, overhead_per_layer_s=x[3] * 1e-6)
+        return replace(start, compute=x[0], bandwidth=x[1], overhead_fixed_s=x[2] * 1e-6,
+                       overhead_per_layer_s=x[3] * 1e-6)
 
     def loss(x: Any) -> float:
         if not (0.05 < x[0] <= 1 and 0.05 < x[1] <= 1 and x[2] >= 0 and x[3] >= 0):

@@ -216,7 +216,8 @@ def settings_from_args(args: argparse.Namespace) -> ProfileSettings:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     grid = _grid(args, GPU_GRID)
     timing = _timing(args, TimingPolicy())
-    return ProfileSettings(target=args.target, draft=args.draft, out=args.out, grid=grid, dtype=args.dtype, forward=args.forward, cuda_graphs=args.cuda_graphs,
+    return ProfileSettings(target=args.target, draft=args.draft, out=args.out, grid=grid, dtype=args.dtype,
+                           forward=args.forward, cuda_graphs=args.cuda_graphs,
                            device=device, threads=args.threads, max_seconds=args.max_seconds,
                            num_layers=args.num_layers, scale_layers=scale, check_scaling=args.check_scaling,
                            weights=args.weights, max_memory_gb=args.max_memory_gb, timing=timing, seed=args.seed,

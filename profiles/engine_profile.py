@@ -299,7 +299,8 @@ def _meta(pair: ModelPair, settings: EngineProfileSettings, started: datetime.da
         "python_version": platform.python_version(),
         "date": started.isoformat(timespec="seconds"),
         "wall_seconds": round(seconds, 1),
-        "engine": {"pair": pair.name, "temperature": settings.temperature, "cache": "profiles.serving.kv." + ("SlotBatch" if settings.forward == "optimized" else "PaddedBatch"),
+        "engine": {"pair": pair.name, "temperature": settings.temperature, "cache": "profiles.serving.kv."
+                   + ("SlotBatch" if settings.forward == "optimized" else "PaddedBatch"),
                    "decode_length_spread": settings.spread,
                    "passes": "profiles.serving.engine.StepRunner (verify, draft_pass, prefill, first_tokens)",
                    "overhead_runs": overhead, "overhead_k": OVERHEAD_K, "overhead_output_len": OVERHEAD_OUTPUT_LEN},

@@ -504,7 +504,7 @@ def _measure_group_optimized(group: Group, points: list[Point], variants: list[V
                 q = point.query_len
                 ids = forward.random_tokens(v.model, b, q, generator)
                 kept = q if group.phase == "decode" and group.role == "target" else 1
-                keep = torch_arange_keep(ids, q, kept)
+                keep = last_columns(ids, q, kept)
                 width = attention_width(ctx, q, run.cache.max_len)
                 fresh = group.phase == "prefill"
                 timings.append(measure(lambda: run(0, ids, keep, width, fresh), lambda: None, sync, settings.timing))
@@ -514,7 +514,7 @@ def _measure_group_optimized(group: Group, points: list[Point], variants: list[V
             run.clear()
 
 
-def torch_arange_keep(ids: Any, query_len: int, kept: int) -> Any:
+def last_columns(ids: Any, query_len: int, kept: int) -> Any:
     """Logit columns a pass keeps: the last ``kept`` of ``query_len``, for every row (``(B, kept)``)."""
     import torch
 

@@ -331,8 +331,8 @@ class RealEngine:
         self.waiting: deque[int] = deque()
         self.rids: list[int] = []
         self.pending: list[list[int]] = []
-        max_len = int((workload.prompt_tokens + workload.output_tokens).max()) + 2 * lookahead(cfg.max_k, self.speculative) \
-            if n else 1
+        longest = int((workload.prompt_tokens + workload.output_tokens).max()) if n else 0
+        max_len = longest + 2 * lookahead(cfg.max_k, self.speculative)
         graphs = None if cfg.cuda_graphs else False  # None: graphs wherever the device has them
         self.target_kv = make_kv_batch(cfg.forward, self.runner.target, cfg.max_num_seqs, max_len, graphs)
         self.draft_kv = make_kv_batch(cfg.forward, self.runner.draft, cfg.max_num_seqs, max_len,
