@@ -242,9 +242,8 @@ def batch_pass(model: PreTrainedModel, batch: BatchCache, tokens: list[list[int]
     device = model.device
     lens = torch.tensor([len(t) for t in tokens], device=device)
     q = int(lens.max())
-    ids = torch.zeros(len(tokens), q, dtype=torch.long, device=device)
-    for i, t in enumerate(tokens):
-        ids[i, q - len(t):] = torch.as_tensor(t, dtype=torch.long)
+    # one host-to-device copy for the whole block, left-padded
+    ids = torch.tensor([[0] * (q - len(t)) + list(t) for t in tokens], dtype=torch.long, device=device)
     block = torch.arange(q, device=device)
     new_valid = block >= (q - lens)[:, None]
     positions = (batch.lengths()[:, None] - (q - lens)[:, None] + block).clamp(min=0)
