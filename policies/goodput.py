@@ -53,6 +53,9 @@ single raise pays for itself at moderate batch sizes even when a uniform k would
 """
 from __future__ import annotations
 
+from functools import reduce
+from itertools import repeat
+from operator import add
 from typing import Any
 
 import numpy as np
@@ -163,6 +166,35 @@ class Goodput(Policy):
                 self._idle += 1
         return out
 
+    @property
+    def steps_plain(self) -> bool:
+        """Whether :meth:`propose_plain` and :meth:`observe_plain` may stand in for :meth:`propose` and
+        :meth:`observe` (speed shortcut: the engine then runs several steps in one event on plain lists, see
+        ``simulator.core.runs``): on the ``fast`` path, one k for the whole batch (``mode=batch``) from one
+        global estimate (``acceptance=global``), so a proposal reads only the batch size and its context total."""
+        return self.fast and self.mode == "batch" and self.acceptance == "global"
+
+    def propose_plain(self, batch: int, context_tokens: int, cost_model: Any, max_k: int,
+                      draft_cost: bool) -> list[int]:
+        """:meth:`propose` of a batch of ``batch`` requests with ``context_tokens`` tokens of context in all, as a
+        list (only while :attr:`steps_plain`): the same decisions and state changes (tested)."""
+        if batch == 0:
+            return []
+        if self._steps % self.every == 0:
+            self._decide_uniform(batch, context_tokens, cost_model, max_k, draft_cost)
+        self._steps += 1
+        k = min(self._last_k, self.k, max_k)
+        out = [k] * batch
+        if self.probe and min(self.k, max_k) > 0:
+            if k:
+                self._idle = 0
+            elif self._idle >= self.probe:
+                out[self._probes % batch] = 1
+                self._idle, self._probes = 0, self._probes + 1
+            else:
+                self._idle += 1
+        return out
+
     def observe(self, outcome: StepOutcome) -> None:
         if self.fast and self.acceptance == "global":
             self._observe_global(outcome)
@@ -188,7 +220,10 @@ class Goodput(Policy):
     def _observe_global(self, outcome: StepOutcome) -> None:
         """:meth:`observe` with one global estimate, in plain Python (speed shortcut, see ``fast``): integer counts,
         then the EMA arithmetic of :meth:`_update` in its order."""
-        proposed, accepted = outcome.proposed.tolist(), outcome.accepted.tolist()
+        self.observe_plain(outcome.proposed.tolist(), outcome.accepted.tolist())
+
+    def observe_plain(self, proposed: list[int], accepted: list[int]) -> None:
+        """:meth:`observe` of a step's proposals and acceptances as lists (only while :attr:`steps_plain`)."""
         if not any(proposed):
             return
         pair, w = self._global, self.ema_weight
@@ -239,7 +274,12 @@ class Goodput(Policy):
         """:meth:`_decide` in batch mode when every request shares one acceptance estimate, in plain Python (speed
         shortcut, see ``fast``): E[tokens] of one row as :func:`expected_tokens` computes it (running product, then
         running sum), summed over the batch's identical rows one row at a time as numpy's column sums add them."""
-        k_max = min(self.k, view.max_k)
+        self._decide_uniform(view.batch_size, int(view.context_lens.sum()), view.cost_model, view.max_k,
+                             view.draft_cost)
+
+    def _decide_uniform(self, batch: int, context_tokens: int, cost_model: Any, max_k: int, draft_cost: bool) -> None:
+        """:meth:`_decide_shared` from what it reads of the view: the batch size and its context total."""
+        k_max = min(self.k, max_k)
         if self.acceptance == "position":
             accept = self._by_position[:k_max].tolist()
         else:
@@ -249,13 +289,11 @@ class Goodput(Policy):
             product = a if j == 0 else product * a
             reach = product if j == 0 else reach + product
             row.append(1.0 + reach)
-        batch = view.batch_size
-        seconds = uniform_step_seconds(view.cost_model, batch, int(view.context_lens.sum()), k_max, view.draft_cost)
+        seconds = uniform_step_seconds(cost_model, batch, context_tokens, k_max, draft_cost)
         best_k, best, bonus = 0, -1.0, self.bonus
         for k in range(k_max + 1):
-            tokens = x = row[k]
-            for _ in range(batch - 1):
-                tokens += x
+            x = row[k]
+            tokens = reduce(add, repeat(x, batch - 1), x)  # x added batch - 1 times, one at a time (as numpy's rows)
             value = tokens / seconds[k]
             if k == 0:
                 value = value * bonus

@@ -142,13 +142,33 @@ def uniform_step_seconds(cost_model: StepCosts, batch_size: int, context_tokens:
     """:func:`shape_seconds` of :func:`uniform_step_shape` for k = 0..k_max: what a batch-wide choice of k
     compares. Step k runs the first k draft passes of step k_max, so each pass is priced once."""
     global _last_uniform
-    shape = uniform_step_shape(batch_size, context_tokens, k_max)
-    overhead = cost_model.overhead_time(batch_size)
-    drafts = [cost_model.draft_time(seqs, tokens) for seqs, tokens in shape.draft_passes] if draft_cost else []
-    seconds = [step_seconds(cost_model.target_time(batch_size, batch_size * (k + 1), context_tokens), overhead,
-                            drafts[:k]) for k in range(k_max + 1)]
+    uniform = getattr(cost_model, "uniform_decode_times", None) if FAST_UNIFORM else None
+    if uniform is not None and batch_size:
+        # speed shortcut: the cost model prices the k_max + 1 verifications and the k_max draft passes in one call
+        # (the scalar calls' numbers, bit for bit); the formula's additions below in step_seconds' order
+        targets, drafts = uniform(batch_size, context_tokens, k_max, draft_cost)
+        overhead = cost_model.overhead_time(batch_size)
+        seconds = []
+        for k, target in enumerate(targets):
+            value = target
+            value += overhead
+            for draft in drafts[:k]:
+                value += draft
+            seconds.append(float(value))
+    else:  # the plain twin: the step formula per k over the shape's priced passes
+        shape = uniform_step_shape(batch_size, context_tokens, k_max)
+        overhead = cost_model.overhead_time(batch_size)
+        drafts = [cost_model.draft_time(seqs, tokens) for seqs, tokens in shape.draft_passes] if draft_cost else []
+        seconds = [step_seconds(cost_model.target_time(batch_size, batch_size * (k + 1), context_tokens), overhead,
+                                drafts[:k]) for k in range(k_max + 1)]
     _last_uniform = (cost_model, batch_size, context_tokens, draft_cost, seconds)
     return seconds
+
+
+FAST_UNIFORM = True
+"""Speed shortcut, switched here in one place: :func:`uniform_step_seconds` asks a cost model that has one for all
+of a uniform step's parts in one call (``CostModel.uniform_decode_times``) and adds them as :func:`step_seconds`
+does; equal bit for bit (``tests/test_fast_paths.py``). False: the scalar calls through the step's shape."""
 
 
 _last_uniform: tuple = (None, 0, 0, False, [])
@@ -156,6 +176,17 @@ _last_uniform: tuple = (None, 0, 0, False, [])
 Speed shortcut: :func:`predict_step_seconds` of a uniform step of that batch returns its entry instead of pricing
 the step again (an adaptive policy has just priced it on the same cost model); equal bit for bit, as above. The
 key is the whole input (the model by identity, held here so that it stays the same object)."""
+
+
+def uniform_memo(cost_model: StepCosts, batch_size: int, context_tokens: int, k: int, draft_cost: bool) -> float | None:
+    """:func:`predict_step_seconds` of a step of ``batch_size`` requests all proposing ``k`` over ``context_tokens``
+    tokens of context, if :func:`uniform_step_seconds` has just priced it on ``cost_model`` (else ``None``): its entry,
+    the step formula's number bit for bit (speed shortcut: no step shape built; tested)."""
+    model, batch, context, draft, seconds = _last_uniform
+    if model is cost_model and batch == batch_size and context == context_tokens and draft == draft_cost \
+            and k < len(seconds) and batch:
+        return seconds[k]
+    return None
 
 
 def run_seconds(cost_model: StepCosts, batch_size: int, query_tokens: int, context_tokens: Sequence[int],

@@ -117,3 +117,145 @@ def test_goodput_runs_alike_on_both_paths(monkeypatch, fields):
     for column, values in fast.recorder.columns().items():
         assert np.array_equal(values, plain.recorder.columns()[column], equal_nan=True), column
     assert fast.recorder.steps == plain.recorder.steps
+
+
+# --- issue 16, second pass: runs of adaptive steps, runs on lists, uniform steps priced in one call -------------------
+
+def _columns_and_summary(result):
+    summary = {k: v for k, v in result.summary.items() if "wall" not in k}
+    return summary, result.recorder.columns(), result.recorder.num_steps
+
+
+def _assert_same_runs(a, b):
+    (sa, ca, na), (sb, cb, nb) = _columns_and_summary(a), _columns_and_summary(b)
+    assert na == nb
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        assert sa[key] == sb[key] or (sa[key] != sa[key] and sb[key] != sb[key]), key
+    for column, values in ca.items():
+        assert np.array_equal(values, cb[column], equal_nan=True), column
+
+
+def _counting(monkeypatch, cls, name):
+    """Wrap a generator method of ``cls`` so that the test can see it was taken."""
+    calls = []
+    method = getattr(cls, name)
+
+    def wrapper(self, *args):
+        calls.append(args)
+        return method(self, *args)
+
+    monkeypatch.setattr(cls, name, wrapper)
+    return calls
+
+
+def _loaded(which: str):
+    data = Path(PROFILE).parent
+    return {"bench": lambda: load_cost_model(PROFILE), "json": lambda: load_cost_model(data / "example.json"),
+            "linear": lambda: load_cost_model(data / "example_grid.csv", "linear"),
+            "interp": lambda: load_cost_model(data / "example_grid.csv", "interp")}[which]()
+
+
+@pytest.mark.parametrize("which", ["bench", "json", "linear", "interp"])
+def test_uniform_step_priced_in_one_call_is_the_scalar_calls(monkeypatch, which):
+    """FAST_UNIFORM (CostModel.uniform_decode_times) against the scalar calls: the same seconds and the same warnings
+    (contexts far beyond the example grid too), each on its own copy of the model (a model warns once per block)."""
+    import warnings
+
+    seen = {}
+    for fast in (True, False):
+        monkeypatch.setattr(step_time, "FAST_UNIFORM", fast)
+        model, rng, out = _loaded(which), np.random.default_rng(11), []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(400):
+                batch = int(rng.integers(1, 300))
+                context = int(batch * rng.integers(1, 40000))
+                k_max, draft = int(rng.integers(0, 7)), bool(rng.random() < 0.7)
+                out.append(uniform_step_seconds(model, batch, context, k_max, draft))
+                assert step_time.uniform_memo(model, batch, context, k_max, draft) == out[-1][k_max]
+                assert step_time.uniform_memo(model, batch + 1, context, k_max, draft) is None
+        seen[fast] = (out, [str(w.message) for w in caught])
+    assert seen[True] == seen[False]
+
+
+def test_goodput_plain_stepper_is_propose_and_observe():
+    """Goodput.propose_plain / observe_plain (what the engine's plain runs call) against propose / observe."""
+    cost = load_cost_model(PROFILE)
+    for params in ({}, {"estimator": "ratio"}, {"every": 3}, {"probe": 0, "bonus": 1.1}, {"probe": 2}):
+        lists, arrays = Goodput(4, **params), Goodput(4, **params)
+        assert lists.steps_plain
+        for view, accept in _views(cost, 9, 1500):
+            got = lists.propose_plain(view.batch_size, int(view.context_lens.sum()), view.cost_model, view.max_k,
+                                      view.draft_cost)
+            want = arrays.propose(view)
+            assert got == want.tolist()
+            accepted = accept(want)
+            lists.observe_plain(want.tolist(), accepted.tolist())
+            arrays.observe(StepOutcome(view.time, view.request_ids, want, accepted, 0.01))
+            state = ("_global", "_steps", "_last_k", "_last_by_request", "_idle", "_probes")
+            assert [getattr(lists, a) for a in state] == [getattr(arrays, a) for a in state]
+    for params in ({"mode": "request"}, {"acceptance": "position"}, {"acceptance": "request"}):
+        assert not Goodput(4, **params).steps_plain
+
+
+GOODPUT_RUNS = [{}, {"proposer": "ngram", "acceptance_rate": 0.4},
+                {"rate": 40.0, "num_gpu_blocks": 600},  # preemptions: runs end before steps that might not fit
+                {"policy_params": (("estimator", "ratio"), ("every", 3), ("bonus", 1.1), ("probe", 3))},
+                {"acceptance": "beta", "rate": 12.0}, {"k": 0}, {"rate": 0.5, "num_requests": 60}]
+
+
+@pytest.mark.parametrize("fields", GOODPUT_RUNS)
+def test_plain_runs_are_the_per_step_path(monkeypatch, fields):
+    """runs.PLAIN_RUNS (several goodput steps per SimPy event) against one event per step, bit for bit."""
+    from simulator.core import runs
+    from simulator.core.runs import DecodeRuns
+
+    config = SimConfig(**{**dict(profile=PROFILE, policy="goodput", rate=8.0, num_requests=300, seed=5), **fields})
+    taken = _counting(monkeypatch, DecodeRuns, "_plain_run")
+    fast = run_simulation(config)
+    assert taken
+    monkeypatch.setattr(runs, "PLAIN_RUNS", False)
+    taken.clear()
+    plain = run_simulation(config)
+    assert not taken
+    _assert_same_runs(fast, plain)
+
+
+STATIONARY = """
+import numpy as np
+from policies import Policy, register
+
+@register
+class Uneven(Policy):
+    name = "test-uneven-stationary"
+    stationary = True
+
+    def propose(self, view):
+        return np.minimum(view.request_ids % 4, view.max_k).astype(np.int64)
+"""
+
+
+@pytest.mark.parametrize("fields", [{"policy": "fixed-k"}, {"policy": "fixed-k", "rate": 40.0, "num_gpu_blocks": 600},
+                                    {"policy": "threshold", "policy_params": (("max_batch", 8),)},
+                                    {"policy": "fixed-k", "acceptance": "beta", "k": 2}, {"policy": "uneven"}])
+def test_list_runs_are_the_numpy_runs(monkeypatch, tmp_path, fields):
+    """runs.LIST_RUNS (a stationary policy's runs worked out on lists) against the numpy runs, bit for bit."""
+    from simulator.core import runs
+    from simulator.core.runs import DecodeRuns
+
+    if fields.get("policy") == "uneven":  # proposals that differ across the batch
+        path = tmp_path / "uneven.py"
+        path.write_text(STATIONARY)
+        fields = {"policy": "test-uneven-stationary", "policy_file": str(path)}
+    config = SimConfig(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=6), **fields})
+    taken = _counting(monkeypatch, DecodeRuns, "_list_run")
+    fast = run_simulation(config)
+    assert taken
+    if fields["policy"] == "test-uneven-stationary":
+        assert any(min(ks) != max(ks) for ks, *_ in taken)
+    monkeypatch.setattr(runs, "LIST_RUNS", False)
+    taken.clear()
+    plain = run_simulation(config)
+    assert not taken
+    _assert_same_runs(fast, plain)

@@ -38,6 +38,7 @@ from policies.base import BatchView, Policy, StepOutcome
 from policies.protocol import admit_fcfs, checked_proposal, lookahead
 from policies.step_time import predict_step_seconds
 from policies.errors import UserError
+from simulator.core import runs
 from simulator.core.runs import DecodeRuns
 from simulator.costs.cost_model import CostModel
 from simulator.inputs.acceptance import AcceptanceModel
@@ -123,6 +124,9 @@ class SimulatedEngine(DecodeRuns):
         # n-gram lookups hit or miss step by step, so only a draft model (or no speculation) runs steps together
         self.runs = (spec.run_steps > 1 and getattr(policy, "stationary", False) and not spec.chunked_prefill
                      and (spec.draft_proposer or not spec.speculative))
+        # an adaptive policy with a plain stepper: runs of per-step steps (speed shortcut, see runs.PLAIN_RUNS)
+        self.plain_runs = (runs.PLAIN_RUNS and not self.runs and spec.run_steps > 1 and not spec.chunked_prefill
+                           and getattr(policy, "steps_plain", False) and not recorder.keeps_steps)
 
     # -- set-up ---------------------------------------------------------------------------------
     def _check_fits(self) -> None:
@@ -183,6 +187,8 @@ class SimulatedEngine(DecodeRuns):
                 yield from self._prefill_step()
             elif self.runs:
                 yield from self._decode_run()
+            elif self.plain_runs:
+                yield from self._plain_run()
             else:
                 yield from self._decode_step()
 

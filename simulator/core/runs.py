@@ -20,13 +20,24 @@ and ``draft_times`` (from the scalar calls), ``AcceptanceModel.draw_steps`` (fro
 """
 from __future__ import annotations
 
+import math
 from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import accumulate
 
 import numpy as np
 
-from policies.step_time import run_seconds
+from policies.step_time import run_seconds, uniform_memo
+
+LIST_RUNS = True
+"""Speed shortcut, switched here in one place: a speculative run of a stationary policy works out its steps on plain
+lists (:meth:`DecodeRuns._list_run`) rather than numpy arrays when steps are not kept; the same run bit for bit
+(``tests/test_fast_paths.py`` runs both). False: the numpy path as written first."""
+
+PLAIN_RUNS = True
+"""Speed shortcut, switched here in one place: an adaptive policy with a plain-Python stepper (``steps_plain``, e.g.
+goodput in batch mode with a global estimate) runs several steps in one SimPy event (:meth:`DecodeRuns._plain_run`),
+the per-step path's steps bit for bit (``tests/test_fast_paths.py`` runs both). False: one event per step."""
 
 
 class DecodeRuns:
@@ -46,6 +57,9 @@ class DecodeRuns:
                    else np.inf)
         if proposed is None or not any(proposed):
             yield from self._quiet_run(n, left_min, arrival)
+            return
+        if LIST_RUNS and not self.rec.keeps_steps:
+            yield from self._list_run(proposed, n, arrival)
             return
         rid, ctx0, left, blocks = (np.array(x, dtype=np.int64) for x in (self.rid, self.ctx, self.left, self.blocks))
         ks, proposed = proposed, np.array(proposed, dtype=np.int64)
@@ -80,6 +94,135 @@ class DecodeRuns:
         else:
             self.rec.count_steps(n)
         self._retire(self.env.now)
+
+    def _list_run(self, ks: list[int], n: int, arrival: float):
+        """:meth:`_decode_run` after its proposal, on plain lists step by step (speed shortcut, switched by
+        :data:`LIST_RUNS`; taken when steps are not kept): the same ``n`` steps' draws taken in one call, then each step's
+        contexts, blocks and tokens in plain Python up to the same cut-offs (the first step whose blocks do not fit,
+        the first finish, the arrival), so the same steps, times, blocks and random stream. The speculative totals go
+        to each request's ``totals`` (handed to the recorder when it leaves) instead of the recorder's numpy adds:
+        integer sums, the same columns (``tests/test_fast_paths.py`` runs both)."""
+        ctx0, left, blocks, bs = self.ctx, self.left, self.blocks, self.spec.block_size
+        n = self._bound_by_arrival(n, arrival, self._run_seconds([sum(ctx0)], ks, np.array([ctx0], dtype=np.int64))[0])
+        drawn = self.acceptance.draw_steps(np.array(self.rid, dtype=np.int64), np.array(ks, dtype=np.int64), n)
+        rows = []  # the rows of the steps that run (a run seldom reaches its bound)
+        free, emitted = self.free_blocks, [0] * len(ks)  # tokens emitted before step j (uncapped)
+        contexts, needs, grows, before = [], [], [], []  # per step: context total, blocks held, blocks added, emitted
+        for j in range(n):
+            ctx = [c + e for c, e in zip(ctx0, emitted)]  # context before the step
+            need = [(c + k + bs) // bs for c, k in zip(ctx, ks)]
+            grow = sum([m - b for m, b in zip(need, blocks) if m > b])
+            if grow > free:  # this step's blocks do not fit: the run ends before it
+                break
+            contexts.append(ctx)
+            needs.append(need)
+            grows.append(grow)
+            before.append(emitted)
+            accepted = drawn[j].tolist()
+            rows.append(accepted)
+            emitted = [e + a + 1 for e, a in zip(emitted, accepted)]
+            if any(e >= t for e, t in zip(emitted, left)):  # someone finishes in this step
+                break
+        if not contexts:
+            yield from self._decode_step(ks)  # this step must preempt
+            return
+        uniform = min(ks) == max(ks)
+        seconds = self._run_seconds([sum(c) for c in contexts], ks,
+                                    None if uniform else np.array(contexts, dtype=np.int64))
+        clock, n = self._clock(seconds, arrival)
+        yield self.env.timeout(clock[n] - self.env.now)
+        self.free_blocks -= grows[n - 1]
+        self.blocks = [m if m > b else b for m, b in zip(needs[n - 1], blocks)]
+        last = rows[n - 1]
+        before_last = before[n - 1]
+        done = [min(e + a + 1, t) for e, a, t in zip(before_last, last, left)]  # tokens emitted by the run (capped)
+        for i, k in enumerate(ks):
+            if k:  # steps 0..n-2 emitted a + 1 tokens each, a accepted; the last one what was left of them
+                totals = self.totals[i]
+                per_last = done[i] - before_last[i]
+                totals[0] += k * n
+                totals[1] += sum([row[i] for row in rows[:n - 1]]) + min(last[i], per_last)
+                totals[2] += n
+                totals[3] += done[i]
+        self._advance(done)
+        self.rec.count_steps(n)
+        self._retire(self.env.now)
+
+    def _plain_run(self):
+        """Decode steps of an adaptive policy with a plain-Python stepper (``steps_plain``: goodput deciding one k
+        for the batch from one global estimate) in one SimPy event (speed shortcut, switched by :data:`PLAIN_RUNS`).
+
+        Unlike :meth:`_decode_run`, each step is the per-step path's step: the policy is asked and told every step
+        (``propose_plain``, ``observe_plain``: its :meth:`propose` and :meth:`observe` on lists), acceptance and
+        n-gram hits are drawn every step in the same order, and each step's seconds are added to the clock as SimPy
+        adds them, so the results are those of step by step, bit for bit (``tests/test_fast_paths.py``). The run
+        ends after the step in which a request finishes, after the step that ends at or after the next arrival when
+        the queue is empty, after ``run_steps`` steps, or before a step whose blocks might not fit with the largest
+        k (the per-step path takes that step: it preempts if it must). Nothing could be admitted between the steps
+        of a run (no seat or block frees, and nobody new reaches the head of the queue), which is why ending a run
+        anywhere gives the same steps."""
+        spec, policy, cost = self.spec, self.policy, self.policy_cost
+        bs, max_k, draft, run_steps = spec.block_size, spec.max_k, spec.draft_proposer, spec.run_steps
+        worst = (max_k if spec.speculative else 0) + bs  # (c + worst) // bs: blocks of a step proposing max_k
+
+        def fits() -> bool:
+            return sum([n - b for c, b in zip(self.ctx, self.blocks) if (n := (c + worst) // bs) > b]) <= self.free_blocks
+
+        if not fits():
+            yield from self._decode_step()
+            return
+        clock = self.env.now
+        arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
+                   else np.inf)
+        match_prob, acceptance, rec = spec.ngram_match_prob, self.acceptance, self.rec
+        steps = 0
+        while True:
+            rids, ctx, left = self.rid, self.ctx, self.left
+            batch, context = len(rids), sum(ctx)
+            proposed = policy.propose_plain(batch, context, cost, max_k, draft)
+            if not draft and any(proposed):  # the n-gram lookup's misses, as _propose applies them
+                proposed = [k if u < match_prob else 0 for k, u in zip(proposed, self._match.take(batch))]
+            blocks = self.blocks  # each request now holds max(b, ceil((c + k + 1) / bs)): integers, as reserved
+            self.blocks = [n if (n := (c + k + bs) // bs) > b else b for c, k, b in zip(ctx, proposed, blocks)]
+            self.free_blocks -= sum(self.blocks) - sum(blocks)  # fits: checked with the largest k
+            k = proposed[0]
+            seconds = uniform_memo(self.cost, batch, context, k, draft) if proposed.count(k) == batch else None
+            clock += self._decode_seconds(proposed) if seconds is None else seconds  # as SimPy adds a step's timeout
+            # the step's outcome, as _apply_decode (no step rows: runs are taken only when steps are not kept)
+            if any(proposed):
+                accepted = acceptance.draw_list(rids, proposed)
+                emitted = [a + 1 if a < t else t for a, t in zip(accepted, left)]  # min(a + 1, t), t >= 1
+                for k, a, e, totals in zip(proposed, accepted, emitted, self.totals):
+                    if k:
+                        totals[0] += k
+                        totals[1] += a if a < e else e  # accepted tokens emitted
+                        totals[2] += 1
+                        totals[3] += e
+                self.ctx = [c + e for c, e in zip(ctx, emitted)]
+                self.left = [t - e for t, e in zip(left, emitted)]
+            else:
+                accepted = proposed  # all zeros: every running request emits one token
+                self.ctx = [c + 1 for c in ctx]
+                self.left = [t - 1 for t in left]
+            rec.num_steps += 1
+            policy.observe_plain(proposed, accepted)
+            steps += 1
+            if 0 in self.left or clock >= arrival or steps >= run_steps or not fits():
+                break
+        yield self._timeout_until(clock)
+        if 0 in self.left:
+            self._retire(self.env.now)
+
+    def _timeout_until(self, clock: float):
+        """A SimPy timeout that ends at ``clock`` exactly (now + (clock - now) can round off clock; the delay is
+        nudged by ulps until it does not), so a run's end is the time step by step reaches."""
+        now = self.env.now
+        delay = clock - now
+        while now + delay < clock:
+            delay = math.nextafter(delay, math.inf)
+        while now + delay > clock:
+            delay = math.nextafter(delay, -math.inf)
+        return self.env.timeout(delay)
 
     def _quiet_run(self, n: int, left_min: int, arrival: float):
         """A run of at most ``n`` <= ``left_min`` steps in which nobody proposes (``left_min``: the fewest tokens

@@ -134,6 +134,17 @@ class CostModel:
         calls)."""
         return [self.draft_time(batch_size, c) for c in context_tokens]
 
+    def uniform_decode_times(self, batch_size: int, context_tokens: int, k_max: int,
+                             drafts: bool) -> tuple[list[float], list[float]]:
+        """The parts of a decode step in which all ``batch_size`` sequences propose the same k (what a batch-wide
+        choice of k prices): :meth:`target_time` ``(batch_size, batch_size * (k + 1), context_tokens)`` for
+        k = 0..k_max, and (if ``drafts``) :meth:`draft_time` ``(batch_size, context_tokens + batch_size * j)`` for
+        the draft passes j = 0..k_max - 1 (else no passes). Each must equal the scalar call exactly; this default
+        makes the scalar calls (the draft passes first, as :func:`policies.step_time.uniform_step_seconds` did)."""
+        passes = [self.draft_time(batch_size, context_tokens + batch_size * j) for j in range(k_max)] if drafts else []
+        targets = [self.target_time(batch_size, batch_size * (k + 1), context_tokens) for k in range(k_max + 1)]
+        return targets, passes
+
     def prefill_time(self, batch_size: int, prompt_tokens: int, role: str = "target") -> float:
         """Seconds of one prefill pass over ``batch_size`` prompts totalling ``prompt_tokens`` tokens
         (role ``draft``: the draft model's prefill)."""
@@ -198,6 +209,30 @@ class LinearCostModel(CostModel):
         self._check_draft()
         self._check_far("draft", batch_size, max(context_tokens))
         return self._decodes("draft", batch_size, batch_size, context_tokens)
+
+    def uniform_decode_times(self, batch_size: int, context_tokens: int, k_max: int,
+                             drafts: bool) -> tuple[list[float], list[float]]:
+        # speed shortcut: the scalar calls' checks and :meth:`_decode`'s arithmetic inlined, in their order (the
+        # same numbers and warnings; the base class's scalar calls are the plain twin, tests/test_fast_paths.py)
+        if type(self)._decode is not LinearCostModel._decode:  # a subclass that evaluates otherwise
+            return CostModel.uniform_decode_times(self, batch_size, context_tokens, k_max, drafts)
+        passes = []
+        if drafts and k_max:  # the draft passes first, as step_time prices them (the same warnings in order)
+            self._check_draft()
+            base, per_token, per_context, per_seq, per_qc = self._coef["draft"]
+            lim_b, lim_c = self._far["draft"]
+            for j in range(k_max):
+                tokens = context_tokens + batch_size * j
+                if batch_size > lim_b or tokens > lim_c * batch_size:
+                    self._warn_far("draft", batch_size, tokens / batch_size)
+                passes.append(base + per_token * batch_size + per_context * tokens + per_seq * batch_size
+                              + per_qc * batch_size * tokens / batch_size)
+        self._check_far("target", batch_size, context_tokens)
+        base, per_token, per_context, per_seq, per_qc = self._coef["target"]
+        targets = [base + per_token * query_tokens + per_context * context_tokens + per_seq * batch_size
+                   + per_qc * query_tokens * context_tokens / batch_size
+                   for query_tokens in [batch_size * (k + 1) for k in range(k_max + 1)]]
+        return targets, passes
 
     def prefill_time(self, batch_size: int, prompt_tokens: int, role: str = "target") -> float:
         block = BLOCKS[(role, "prefill")]
@@ -286,6 +321,8 @@ class InterpCostModel(LinearCostModel):
         super().__init__(coefficients, grid=grid, **kwargs)
         self._tables = {block: _Table(KIND[block], grid[block], values, coefficients[block])
                         for block, values in tables.items()}
+
+    uniform_decode_times = CostModel.uniform_decode_times  # the scalar calls: its _decode interpolates
 
     def _decode(self, block: str, batch_size: int, query_tokens: float, context_tokens: float) -> float:
         return self._tables[block]((batch_size, query_tokens / batch_size, context_tokens / batch_size))
