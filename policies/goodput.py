@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from functools import reduce
 from itertools import repeat
-from operator import add
+from operator import add, lt
 from typing import Any
 
 import numpy as np
@@ -232,7 +232,7 @@ class Goodput(Policy):
             pair[0] = (1 - w) * pair[0] / pair[1] + w * hits / float(sum(proposed))
             pair[1] = 1.0
         else:
-            trials = hits + float(sum(a < p for p, a in zip(proposed, accepted)))
+            trials = hits + float(sum(map(lt, accepted, proposed)))  # requests whose draft was cut short
             pair[0] = (1 - w) * pair[0] + w * hits
             pair[1] = (1 - w) * pair[1] + w * trials
 

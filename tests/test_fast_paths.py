@@ -202,7 +202,8 @@ def test_goodput_plain_stepper_is_propose_and_observe():
 GOODPUT_RUNS = [{}, {"proposer": "ngram", "acceptance_rate": 0.4},
                 {"rate": 40.0, "num_gpu_blocks": 600},  # preemptions: runs end before steps that might not fit
                 {"policy_params": (("estimator", "ratio"), ("every", 3), ("bonus", 1.1), ("probe", 3))},
-                {"acceptance": "beta", "rate": 12.0}, {"k": 0}, {"rate": 0.5, "num_requests": 60}]
+                {"acceptance": "beta", "rate": 12.0}, {"k": 0}, {"rate": 0.5, "num_requests": 60},
+                {"policy_profile": str(Path(PROFILE).with_name("h100-80gb-analytical__llama-2-7b__llama-68m.csv"))}]
 
 
 @pytest.mark.parametrize("fields", GOODPUT_RUNS)

@@ -19,7 +19,8 @@ Semantics (vLLM terms):
   a_i in [0, k_i] from the acceptance model and appends min(a_i + 1, tokens still needed) tokens.
 
 Runs of steps (the fast path, fenced in :mod:`simulator.core.runs`): for a stationary policy the engine
-simulates several decode steps of an unchanged batch in one event, the same steps at the same times.
+simulates several decode steps of an unchanged batch in one event, the same steps at the same times; so does an
+adaptive policy with a plain-Python stepper (goodput in batch mode), each step asked and told as step by step.
 
 Bookkeeping: ``ctx`` = tokens in a running request's KV cache before the next decode step
 = prompt + generated - 1 (the newest token enters the cache in the pass that verifies the next ones).

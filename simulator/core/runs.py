@@ -17,11 +17,18 @@ vectorised form of the one step formula, so a run's steps cost what the per-step
 It relies on three batch interfaces, each with a default built from its per-step twin: ``CostModel.target_times``
 and ``draft_times`` (from the scalar calls), ``AcceptanceModel.draw_steps`` (from ``draw``), and on
 ``Policy.stationary`` (default False: no runs).
+
+Two more shortcuts live here, each switched in one place with its plain twin kept (``tests/test_fast_paths.py``
+runs both, bit for bit): :data:`LIST_RUNS` works a stationary run out on plain lists step by step (the same draws,
+cut-offs and sums as the numpy form), and :data:`PLAIN_RUNS` runs an adaptive policy that offers a plain-Python
+stepper (``steps_plain``: goodput deciding one k for the batch from one global estimate) several steps per event,
+each step exactly the per-step path's (asked, priced, drawn and told every step), so its results are step by step's.
 """
 from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from operator import add, sub
 from collections.abc import Sequence
 from itertools import accumulate
 
@@ -107,43 +114,41 @@ class DecodeRuns:
         drawn = self.acceptance.draw_steps(np.array(self.rid, dtype=np.int64), np.array(ks, dtype=np.int64), n)
         rows = []  # the rows of the steps that run (a run seldom reaches its bound)
         free, emitted = self.free_blocks, [0] * len(ks)  # tokens emitted before step j (uncapped)
-        contexts, needs, grows, before = [], [], [], []  # per step: context total, blocks held, blocks added, emitted
+        start = sum(ctx0)
+        reach = [c + k + bs for c, k in zip(ctx0, ks)]  # a request holds (reach + emitted) // bs blocks in a step
+        contexts, grows, before, rows = [], [], [], []  # per step: context total, blocks added, emitted, accepted
         for j in range(n):
-            ctx = [c + e for c, e in zip(ctx0, emitted)]  # context before the step
-            need = [(c + k + bs) // bs for c, k in zip(ctx, ks)]
-            grow = sum([m - b for m, b in zip(need, blocks) if m > b])
+            grow = sum([m - b for r, e, b in zip(reach, emitted, blocks) if (m := (r + e) // bs) > b])
             if grow > free:  # this step's blocks do not fit: the run ends before it
                 break
-            contexts.append(ctx)
-            needs.append(need)
+            contexts.append(start + sum(emitted))  # sum_i (c_i + e_i): integers
             grows.append(grow)
             before.append(emitted)
             accepted = drawn[j].tolist()
             rows.append(accepted)
             emitted = [e + a + 1 for e, a in zip(emitted, accepted)]
-            if any(e >= t for e, t in zip(emitted, left)):  # someone finishes in this step
+            if min(map(sub, left, emitted)) <= 0:  # someone finishes in this step
                 break
         if not contexts:
             yield from self._decode_step(ks)  # this step must preempt
             return
         uniform = min(ks) == max(ks)
-        seconds = self._run_seconds([sum(c) for c in contexts], ks,
-                                    None if uniform else np.array(contexts, dtype=np.int64))
+        seconds = self._run_seconds(contexts, ks, None if uniform else
+                                    np.array(ctx0, dtype=np.int64) + np.array(before, dtype=np.int64))
         clock, n = self._clock(seconds, arrival)
         yield self.env.timeout(clock[n] - self.env.now)
         self.free_blocks -= grows[n - 1]
-        self.blocks = [m if m > b else b for m, b in zip(needs[n - 1], blocks)]
-        last = rows[n - 1]
-        before_last = before[n - 1]
+        before_last, last = before[n - 1], rows[n - 1]
+        self.blocks = [m if (m := (r + e) // bs) > b else b for r, e, b in zip(reach, before_last, blocks)]
         done = [min(e + a + 1, t) for e, a, t in zip(before_last, last, left)]  # tokens emitted by the run (capped)
-        for i, k in enumerate(ks):
-            if k:  # steps 0..n-2 emitted a + 1 tokens each, a accepted; the last one what was left of them
-                totals = self.totals[i]
-                per_last = done[i] - before_last[i]
+        earlier = n - 1  # steps before the last emitted a + 1 tokens each, a accepted: sum a = before_last - earlier
+        for k, e, a, d, totals in zip(ks, before_last, last, done, self.totals):
+            if k:  # the last step emitted what was left of a + 1, of them min(a, that) accepted
+                per_last = d - e
                 totals[0] += k * n
-                totals[1] += sum([row[i] for row in rows[:n - 1]]) + min(last[i], per_last)
+                totals[1] += e - earlier + (a if a < per_last else per_last)
                 totals[2] += n
-                totals[3] += done[i]
+                totals[3] += d
         self._advance(done)
         self.rec.count_steps(n)
         self._retire(self.env.now)
@@ -175,7 +180,8 @@ class DecodeRuns:
         arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
                    else np.inf)
         match_prob, acceptance, rec = spec.ngram_match_prob, self.acceptance, self.rec
-        steps = 0
+        steps = spec_steps = spec_proposed = 0
+        spec_accepted = spec_emitted = [0] * len(self.rid)
         while True:
             rids, ctx, left = self.rid, self.ctx, self.left
             batch, context = len(rids), sum(ctx)
@@ -186,13 +192,19 @@ class DecodeRuns:
             self.blocks = [n if (n := (c + k + bs) // bs) > b else b for c, k, b in zip(ctx, proposed, blocks)]
             self.free_blocks -= sum(self.blocks) - sum(blocks)  # fits: checked with the largest k
             k = proposed[0]
-            seconds = uniform_memo(self.cost, batch, context, k, draft) if proposed.count(k) == batch else None
+            uniform = proposed.count(k) == batch
+            seconds = uniform_memo(self.cost, batch, context, k, draft) if uniform else None
             clock += self._decode_seconds(proposed) if seconds is None else seconds  # as SimPy adds a step's timeout
             # the step's outcome, as _apply_decode (no step rows: runs are taken only when steps are not kept)
             if any(proposed):
                 accepted = acceptance.draw_list(rids, proposed)
                 emitted = [a + 1 if a < t else t for a, t in zip(accepted, left)]  # min(a + 1, t), t >= 1
-                for k, a, e, totals in zip(proposed, accepted, emitted, self.totals):
+                if uniform:  # everyone proposed k > 0: the run's sums, added to the totals after the run
+                    spec_steps, spec_proposed = spec_steps + 1, spec_proposed + k
+                    # accepted tokens emitted: min(a, e) = min(a, t)
+                    spec_accepted = list(map(add, spec_accepted, [a if a < t else t for a, t in zip(accepted, left)]))
+                    spec_emitted = list(map(add, spec_emitted, emitted))
+                for k, a, e, totals in () if uniform else zip(proposed, accepted, emitted, self.totals):
                     if k:
                         totals[0] += k
                         totals[1] += a if a < e else e  # accepted tokens emitted
@@ -209,6 +221,12 @@ class DecodeRuns:
             steps += 1
             if 0 in self.left or clock >= arrival or steps >= run_steps or not fits():
                 break
+        if spec_steps:  # the sums of the steps in which everyone proposed (integers: the per-step adds' totals)
+            for totals, a, e in zip(self.totals, spec_accepted, spec_emitted):
+                totals[0] += spec_proposed
+                totals[1] += a
+                totals[2] += spec_steps
+                totals[3] += e
         yield self._timeout_until(clock)
         if 0 in self.left:
             self._retire(self.env.now)
