@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import reduce
+from operator import add
 from typing import Protocol
 
 import numpy as np
@@ -148,13 +150,7 @@ def uniform_step_seconds(cost_model: StepCosts, batch_size: int, context_tokens:
         # (the scalar calls' numbers, bit for bit); the formula's additions below in step_seconds' order
         targets, drafts = uniform(batch_size, context_tokens, k_max, draft_cost)
         overhead = cost_model.overhead_time(batch_size)
-        seconds = []
-        for k, target in enumerate(targets):
-            value = target
-            value += overhead
-            for draft in drafts[:k]:
-                value += draft
-            seconds.append(float(value))
+        seconds = [float(reduce(add, drafts[:k], target + overhead)) for k, target in enumerate(targets)]
     else:  # the plain twin: the step formula per k over the shape's priced passes
         shape = uniform_step_shape(batch_size, context_tokens, k_max)
         overhead = cost_model.overhead_time(batch_size)

@@ -170,7 +170,13 @@ class DecodeRuns:
         bs, max_k, draft, run_steps = spec.block_size, spec.max_k, spec.draft_proposer, spec.run_steps
         worst = (max_k if spec.speculative else 0) + bs  # (c + worst) // bs: blocks of a step proposing max_k
 
+        # A running request holds at least ceil(c / bs) blocks for its context c, so a step adds at most worst // bs
+        # blocks to it: with that much free for everyone the step fits without counting (an exact shortcut).
+        most = worst // bs
+
         def fits() -> bool:
+            if self.free_blocks >= most * len(self.ctx):
+                return True
             return sum([n - b for c, b in zip(self.ctx, self.blocks) if (n := (c + worst) // bs) > b]) <= self.free_blocks
 
         if not fits():
