@@ -141,9 +141,9 @@ def _counting(monkeypatch, cls, name):
     calls = []
     method = getattr(cls, name)
 
-    def wrapper(self, *args):
+    def wrapper(self, *args, **kwargs):
         calls.append(args)
-        return method(self, *args)
+        return method(self, *args, **kwargs)
 
     monkeypatch.setattr(cls, name, wrapper)
     return calls
@@ -260,3 +260,39 @@ def test_list_runs_are_the_numpy_runs(monkeypatch, tmp_path, fields):
     plain = run_simulation(config)
     assert not taken
     _assert_same_runs(fast, plain)
+
+
+# --- issue 16, third pass: stationary policies' runs of per-step steps (n-gram proposals, chunked prefill) -------------
+
+STEP_RUNS = [{"proposer": "ngram", "acceptance_rate": 0.3, "ngram_match_prob": 0.2},
+             {"proposer": "ngram", "acceptance_rate": 0.95, "ngram_match_prob": 0.9},
+             {"proposer": "ngram", "rate": 40.0, "num_gpu_blocks": 600},  # preemptions
+             {"proposer": "ngram", "policy": "threshold", "policy_params": (("max_batch", 8),)},
+             {"proposer": "ngram", "ngram_match_prob": 1.0},  # every lookup hits: uniform steps
+             {"scheduler": "chunked-prefill", "max_num_batched_tokens": 256},
+             {"scheduler": "chunked-prefill", "max_num_batched_tokens": 8192, "rate": 20.0},
+             {"scheduler": "chunked-prefill", "rate": 40.0, "num_gpu_blocks": 600},  # preemptions
+             {"scheduler": "chunked-prefill", "rate": 30.0, "max_num_seqs": 8},  # full seats, a queue
+             {"scheduler": "chunked-prefill", "proposer": "ngram", "acceptance": "beta"},
+             {"scheduler": "chunked-prefill", "policy": "no-spec"},
+             {"scheduler": "chunked-prefill", "policy": "threshold", "policy_params": (("max_batch", 8),)}]
+
+
+@pytest.mark.parametrize("fields", STEP_RUNS)
+def test_step_runs_are_the_per_step_path(monkeypatch, fields):
+    """runs.STEP_RUNS (a stationary policy's per-step steps, several in one SimPy event: n-gram proposals, chunked
+    prefill) against one event per step, bit for bit: summaries and request columns."""
+    from simulator.core import runs
+    from simulator.core.runs import DecodeRuns
+
+    config = SimConfig(**{**dict(profile=PROFILE, policy="fixed-k", rate=8.0, num_requests=300, seed=7), **fields})
+    taken = _counting(monkeypatch, DecodeRuns, "_plain_run")
+    fast = run_simulation(config)
+    assert taken
+    monkeypatch.setattr(runs, "STEP_RUNS", False)
+    taken.clear()
+    plain = run_simulation(config)
+    assert not taken
+    _assert_same_runs(fast, plain)
+    if "num_gpu_blocks" in fields:
+        assert fast.summary["preemptions"] > 0

@@ -128,6 +128,11 @@ class SimulatedEngine(DecodeRuns):
         # an adaptive policy with a plain stepper: runs of per-step steps (speed shortcut, see runs.PLAIN_RUNS)
         self.plain_runs = (runs.PLAIN_RUNS and not self.runs and spec.run_steps > 1 and not spec.chunked_prefill
                            and getattr(policy, "steps_plain", False) and not recorder.keeps_steps)
+        # a stationary policy that learns nothing, with n-gram proposals or under chunked prefill (no block-drawn
+        # run for it): runs of per-step steps with its proposal asked once a run (speed shortcut, runs.STEP_RUNS)
+        self.step_runs = (runs.STEP_RUNS and spec.run_steps > 1 and getattr(policy, "stationary", False)
+                          and not self._observes and not recorder.keeps_steps
+                          and (spec.chunked_prefill or not self.runs))
 
     # -- set-up ---------------------------------------------------------------------------------
     def _check_fits(self) -> None:
@@ -183,13 +188,21 @@ class SimulatedEngine(DecodeRuns):
                 self._wake = None
                 continue
             if self.spec.chunked_prefill:
-                yield from self._chunked_step()
+                # no prefill under way and nobody can be admitted (none waits, or no seat): a chunked step is a
+                # decode step, so runs of them (runs.STEP_RUNS) take the per-step steps in one event
+                if (self.step_runs and self.rid and not self.prefilling
+                        and (not self.waiting or len(self.rid) >= self.spec.max_num_seqs)):
+                    yield from self._plain_run(stationary=True)
+                else:
+                    yield from self._chunked_step()
             elif self._admit_prefill():
                 yield from self._prefill_step()
             elif self.runs:
                 yield from self._decode_run()
             elif self.plain_runs:
                 yield from self._plain_run()
+            elif self.step_runs:
+                yield from self._plain_run(stationary=True)
             else:
                 yield from self._decode_step()
 
@@ -224,11 +237,12 @@ class SimulatedEngine(DecodeRuns):
         self._finish_prefills(chunks)
 
     # -- chunked prefill ------------------------------------------------------------------------
-    def _chunked_step(self):
+    def _chunked_step(self, proposed: list[int] | None = None):
         s = self.spec
         decoding = bool(self.rid)
         if decoding:
-            proposed = self._propose()
+            if proposed is None:
+                proposed = self._propose()
             self._reserve_decode_blocks(proposed)
             proposed = proposed[: len(self.rid)]
         budget = s.max_num_batched_tokens - (sum(proposed) + len(self.rid) if decoding else 0)
@@ -321,16 +335,20 @@ class SimulatedEngine(DecodeRuns):
 
     def _propose(self) -> list[int]:
         """Ask the policy for k per running request, validate it, and apply the n-gram lookup's misses."""
+        values = self._asked()
+        if not self.spec.draft_proposer and any(values):
+            p = self.spec.ngram_match_prob
+            values = [k if u < p else 0 for k, u in zip(values, self._match.take(len(values)))]
+        return values
+
+    def _asked(self) -> list[int]:
+        """The policy's validated k per running request (before the n-gram lookup's misses)."""
         output = self.output
         generated = [output[r] - t for r, t in zip(self.rid, self.left)]
         view = BatchView(self.env.now, np.array(self.rid, dtype=np.int64), np.array(self.ctx, dtype=np.int64),
                          np.array(generated, dtype=np.int64), len(self.waiting), self.policy_cost, self.spec.max_k,
                          self.spec.draft_proposer)
-        values = checked_proposal(self.policy.name, self.policy.propose(view), len(self.rid), self.spec.max_k).tolist()
-        if not self.spec.draft_proposer and any(values):
-            p = self.spec.ngram_match_prob
-            values = [k if u < p else 0 for k, u in zip(values, self._match.take(len(values)))]
-        return values
+        return checked_proposal(self.policy.name, self.policy.propose(view), len(self.rid), self.spec.max_k).tolist()
 
     def _reserve_decode_blocks(self, proposed: list[int]) -> None:
         """Reserve the lookahead slots of this step, preempting newest requests while blocks run out."""

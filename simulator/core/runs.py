@@ -34,12 +34,20 @@ from itertools import accumulate
 
 import numpy as np
 
-from policies.step_time import run_seconds, uniform_memo
+from policies.step_time import run_seconds, uniform_memo, uniform_step_seconds
 
 LIST_RUNS = True
 """Speed shortcut, switched here in one place: a speculative run of a stationary policy works out its steps on plain
 lists (:meth:`DecodeRuns._list_run`) rather than numpy arrays when steps are not kept; the same run bit for bit
 (``tests/test_fast_paths.py`` runs both). False: the numpy path as written first."""
+
+STEP_RUNS = True
+"""Speed shortcut, switched here in one place: a stationary policy that learns nothing and has no block-drawn run
+(n-gram proposals, whose lookups hit or miss step by step; or chunked prefill while no prefill is under way and nobody
+can be admitted, when a chunked step is a decode step) runs several steps in one SimPy event through
+:meth:`DecodeRuns._plain_run` with its proposal asked once a run (the batch does not change within one), each step the
+per-step path's (the n-gram misses drawn, priced, drawn and added every step), so bit for bit the per-step path's
+results (``tests/test_fast_paths.py`` runs both). False: one event per step."""
 
 PLAIN_RUNS = True
 """Speed shortcut, switched here in one place: an adaptive policy with a plain-Python stepper (``steps_plain``, e.g.
@@ -153,7 +161,7 @@ class DecodeRuns:
         self.rec.count_steps(n)
         self._retire(self.env.now)
 
-    def _plain_run(self):
+    def _plain_run(self, stationary: bool = False):
         """Decode steps of an adaptive policy with a plain-Python stepper (``steps_plain``: goodput deciding one k
         for the batch from one global estimate) in one SimPy event (speed shortcut, switched by :data:`PLAIN_RUNS`).
 
@@ -165,7 +173,12 @@ class DecodeRuns:
         the queue is empty, after ``run_steps`` steps, or before a step whose blocks might not fit with the largest
         k (the per-step path takes that step: it preempts if it must). Nothing could be admitted between the steps
         of a run (no seat or block frees, and nobody new reaches the head of the queue), which is why ending a run
-        anywhere gives the same steps."""
+        anywhere gives the same steps.
+
+        ``stationary`` (:data:`STEP_RUNS`): the policy is stationary and learns nothing, so it is asked once for the
+        run (its proposal depends only on which requests run, and they do not change within a run) and told nothing;
+        the n-gram misses are still drawn every step. Under chunked prefill the engine takes such a run only while no
+        prefill is under way and nobody can be admitted, and the step that must preempt is a chunked step."""
         spec, policy, cost = self.spec, self.policy, self.policy_cost
         bs, max_k, draft, run_steps = spec.block_size, spec.max_k, spec.draft_proposer, spec.run_steps
         worst = (max_k if spec.speculative else 0) + bs  # (c + worst) // bs: blocks of a step proposing max_k
@@ -180,8 +193,9 @@ class DecodeRuns:
             return sum([n - b for c, b in zip(self.ctx, self.blocks) if (n := (c + worst) // bs) > b]) <= self.free_blocks
 
         if not fits():
-            yield from self._decode_step()
+            yield from (self._chunked_step() if spec.chunked_prefill else self._decode_step())
             return
+        asked = self._asked() if stationary else None  # a stationary policy's proposal for the whole run
         clock = self.env.now
         arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
                    else np.inf)
@@ -191,7 +205,7 @@ class DecodeRuns:
         while True:
             rids, ctx, left = self.rid, self.ctx, self.left
             batch, context = len(rids), sum(ctx)
-            proposed = policy.propose_plain(batch, context, cost, max_k, draft)
+            proposed = asked if stationary else policy.propose_plain(batch, context, cost, max_k, draft)
             if not draft and any(proposed):  # the n-gram lookup's misses, as _propose applies them
                 proposed = [k if u < match_prob else 0 for k, u in zip(proposed, self._match.take(batch))]
             blocks = self.blocks  # each request now holds max(b, ceil((c + k + 1) / bs)): integers, as reserved
@@ -200,6 +214,8 @@ class DecodeRuns:
             k = proposed[0]
             uniform = proposed.count(k) == batch
             seconds = uniform_memo(self.cost, batch, context, k, draft) if uniform else None
+            if seconds is None and uniform and stationary:  # nobody priced it: the uniform step in one call (tested)
+                seconds = uniform_step_seconds(self.cost, batch, context, k, draft)[k]
             clock += self._decode_seconds(proposed) if seconds is None else seconds  # as SimPy adds a step's timeout
             # the step's outcome, as _apply_decode (no step rows: runs are taken only when steps are not kept)
             if any(proposed):
@@ -223,7 +239,8 @@ class DecodeRuns:
                 self.ctx = [c + 1 for c in ctx]
                 self.left = [t - 1 for t in left]
             rec.num_steps += 1
-            policy.observe_plain(proposed, accepted)
+            if not stationary:
+                policy.observe_plain(proposed, accepted)
             steps += 1
             if 0 in self.left or clock >= arrival or steps >= run_steps or not fits():
                 break
