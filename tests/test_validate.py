@@ -76,14 +76,18 @@ def test_a_timing_twin_decides_acceptance_alike_in_both_engines(tiny):
     """With accept/reject drawn from the same constant-rate model in both engines, the real and simulated
     acceptance rates agree, the policy speculates in both, and the real outputs say they are meaningless."""
     pair, profile, trace = tiny
-    settings = ValidateSettings(pair="tiny", rates=(60.0,), policies=("fixed-k:2", "goodput"), num_requests=12,
-                                output_len=16, max_num_seqs=4, profile=profile, acceptance_trace=trace, sim_seeds=2,
+    settings = ValidateSettings(pair="tiny", rates=(60.0,), policies=("fixed-k:2", "goodput"), num_requests=24,
+                                output_len=24, max_num_seqs=4, profile=profile, acceptance_trace=trace, sim_seeds=2,
                                 twin=0.8, forward="optimized")
     result = run_validation(pair, settings, log=lambda msg: None)
     rates = result.table[result.table["metric"] == "acceptance_rate"].set_index("policy")
-    for policy in ("fixed-k:2", "goodput"):
-        real, sim = rates.loc[policy, "real"], rates.loc[policy, "sim"]
-        assert 0.5 < real < 0.95 and abs(real - sim) < 0.12, rates.to_string()
+    # fixed k proposes the same tokens in both engines: ~500 Bernoulli trials a side, so the two rates (the
+    # real one drawn from another seed) agree to within a few hundredths; 0.15 is > 4 standard deviations
+    real, sim = rates.loc["fixed-k:2", "real"], rates.loc["fixed-k:2", "sim"]
+    assert 0.6 < real < 0.95 and abs(real - sim) < 0.15, rates.to_string()
+    # goodput's choices follow the measured step times (the machine's speed), so only that it speculates in both
+    decisions = result.decisions.set_index("policy")
+    assert decisions.loc["goodput", "real_proposed_tokens"] > 0 and decisions.loc["goodput", "sim_proposed_tokens"] > 0
     for run in result.real.values():
         assert run.summary["tokens"].startswith("meaningless") and run.summary["forward"] == "optimized"
 
