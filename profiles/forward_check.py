@@ -21,14 +21,11 @@ import time
 import torch
 
 from profiles.models import forward
-from profiles.models.optimized import GraphedForward, SlotCache, attention_width, slot_pass
+from profiles.models.optimized import (GraphedForward, SlotCache, attention_width, last_columns,
+                                      slot_pass)
 from profiles.profiler import TimingPolicy, measure
 
 TOLERANCE = {"fp32": 1e-3, "bf16": 0.15, "fp16": 0.05}
-
-
-def _keep(batch: int, query_len: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(query_len, device=device).expand(batch, -1).contiguous()
 
 
 def numerics(device: torch.device, dtype: str) -> dict:
@@ -41,17 +38,20 @@ def numerics(device: torch.device, dtype: str) -> dict:
         reference = model(input_ids=ids).logits.float()
         cache = SlotCache(model, 2, 64)
         run = GraphedForward(model, cache)
-        parts = [run(0, ids[:, :20], _keep(2, 20, device), attention_width(0, 20, cache.max_len), fresh=True).float()]
+        prefill = run(0, ids[:, :20], last_columns(2, 20, 20, device), attention_width(0, 20, cache.max_len),
+                      fresh=True)
+        parts = [prefill.float()]
         cache.lengths[:2] += 20
         for lo, hi in ((20, 21), (21, 24)):
             q = hi - lo
-            logits = run(0, ids[:, lo:hi].contiguous(), _keep(2, q, device), attention_width(lo, q, cache.max_len))
+            logits = run(0, ids[:, lo:hi].contiguous(), last_columns(2, q, q, device),
+                         attention_width(lo, q, cache.max_len))
             parts.append(logits.float().clone())
             cache.lengths[:2] += q
         diff = (torch.cat(parts, dim=1) - reference).abs().max().item()
         # a replayed graph against the same pass run eagerly (same cache state)
         cache.lengths[:2] -= 3
-        eager = slot_pass(model, cache, 0, ids[:, 21:24].contiguous(), _keep(2, 3, device),
+        eager = slot_pass(model, cache, 0, ids[:, 21:24].contiguous(), last_columns(2, 3, 3, device),
                           attention_width(21, 3, cache.max_len)).float()
         replay_diff = (eager - parts[-1]).abs().max().item()
         out[name] = {"max_abs_diff_vs_hf": diff, "max_abs_logit": reference.abs().max().item(),
@@ -72,7 +72,7 @@ def speed(device: torch.device, dtype: str, spec: str, context: int) -> dict:
     hf_cache = None
     cache = SlotCache(model, 1, context + 1)
     cache.fill_random(0, 1, context, generator)
-    width, keep = attention_width(context, 1, cache.max_len), _keep(1, 1, device)
+    width, keep = attention_width(context, 1, cache.max_len), last_columns(1, 1, 1, device)
     plain = measure(lambda: slot_pass(model, cache, 0, ids, keep, width), lambda: None, sync, policy)
     graphed = GraphedForward(model, cache)
     timed = measure(lambda: graphed(0, ids, keep, width), lambda: None, sync, policy)

@@ -480,10 +480,10 @@ def _measure_group_optimized(group: Group, points: list[Point], variants: list[V
     """:func:`_measure_group` on the optimized path (:mod:`profiles.models.optimized`): one preallocated
     cache per variant, filled with ``context_len`` random tokens per sequence; a decode pass writes its
     ``q`` tokens in place without advancing the lengths (nothing to undo); on CUDA each decode point is
-    one captured graph, replayed (capture is not timed; the graphs are dropped with the group). A
-    verification keeps the logits of all ``q`` positions, a draft pass its last; a prefill runs eagerly
-    over an empty cache and keeps its last position's."""
-    from profiles.models.optimized import GraphedForward, SlotCache, attention_width
+    one captured graph, replayed (capture is not timed; the graphs are dropped with the group), and so is a
+    prefill over an empty cache. A verification keeps the logits of all ``q`` positions, a draft pass and a
+    prefill their last."""
+    from profiles.models.optimized import GraphedForward, SlotCache, attention_width, last_columns
 
     sync = lambda: forward.synchronize(device)  # noqa: E731
     b, ctx = group.batch_size, group.context_len
@@ -504,7 +504,7 @@ def _measure_group_optimized(group: Group, points: list[Point], variants: list[V
                 q = point.query_len
                 ids = forward.random_tokens(v.model, b, q, generator)
                 kept = q if group.phase == "decode" and group.role == "target" else 1
-                keep = last_columns(ids, q, kept)
+                keep = last_columns(b, q, kept, ids.device)
                 width = attention_width(ctx, q, run.cache.max_len)
                 fresh = group.phase == "prefill"
                 timings.append(measure(lambda: run(0, ids, keep, width, fresh), lambda: None, sync, settings.timing))
@@ -512,13 +512,6 @@ def _measure_group_optimized(group: Group, points: list[Point], variants: list[V
     finally:
         for run in runners.values():
             run.clear()
-
-
-def last_columns(ids: Any, query_len: int, kept: int) -> Any:
-    """Logit columns a pass keeps: the last ``kept`` of ``query_len``, for every row (``(B, kept)``)."""
-    import torch
-
-    return torch.arange(query_len - kept, query_len, device=ids.device).expand(ids.shape[0], -1).contiguous()
 
 
 def _row(point: Point, timings: list[Timing], settings: ProfileSettings, full_layers: int) -> dict[str, Any]:

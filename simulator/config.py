@@ -79,9 +79,9 @@ class SimConfig:
     """Lognormal and file lengths are clipped to this many output tokens (> 0)."""
 
     tokenizer: str | None = None
-    """Hugging Face tokenizer (a name in the local cache, or a folder) that counts the tokens of a ShareGPT JSON
-    ``length_file``; used only when ``transformers`` is installed, nothing is downloaded. ``None``: counts
-    estimated as ceil(characters / 4), and the summary's ``workload`` says so."""
+    """Hugging Face tokenizer (a ``tokenizer.json``, a folder holding one, or a model name in the local cache) that
+    counts the tokens of a ShareGPT JSON ``length_file``, read with the ``tokenizers`` package; nothing is
+    downloaded. ``None``: counts estimated as ceil(characters / 4), and the summary's ``workload`` says so."""
 
     # --- serving engine (vLLM terms) ------------------------------------------------------------
     max_num_seqs: int = 256
@@ -275,18 +275,9 @@ class SimConfig:
             require(isinstance(positions, (list, tuple)),
                     f"{source}: acceptance_positions must be a list of numbers, got {positions!r}")
             kwargs["acceptance_positions"] = tuple(positions)
-        if "goodput_slo" in kwargs:
-            slo = kwargs["goodput_slo"]
-            require(isinstance(slo, (list, tuple)) and all(
-                isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) for p in slo),
-                f"{source}: goodput_slo must be a list of [metric, milliseconds] pairs, got {slo!r}")
-            kwargs["goodput_slo"] = tuple((n, v) for n, v in slo)
-        if "policy_params" in kwargs:
-            params = kwargs["policy_params"]
-            require(isinstance(params, (list, tuple)) and all(
-                isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) for p in params),
-                f"{source}: policy_params must be a list of [name, value] pairs, got {params!r}")
-            kwargs["policy_params"] = tuple((n, v) for n, v in params)
+        for field, pair in (("goodput_slo", "[metric, milliseconds]"), ("policy_params", "[name, value]")):
+            if field in kwargs:
+                kwargs[field] = _named_pairs(kwargs[field], f"{source}: {field} must be a list of {pair} pairs")
         try:
             return cls(**kwargs)
         except UserError as exc:
@@ -360,6 +351,13 @@ def config_hash(config: SimConfig) -> str:
     """Stable short hash of the resolved configuration (16 hex digits)."""
     blob = json.dumps(config.to_dict(), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _named_pairs(value: Any, message: str) -> tuple[tuple[str, Any], ...]:
+    """A JSON list of ``[name, value]`` pairs as a tuple of tuples; ``message`` (+ the value) if it is not one."""
+    require(isinstance(value, (list, tuple)) and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and isinstance(p[0], str) for p in value), f"{message}, got {value!r}")
+    return tuple((n, v) for n, v in value)
 
 
 def _choice(name: str, value: str, options: tuple[str, ...]) -> None:

@@ -149,6 +149,24 @@ def _counting(monkeypatch, cls, name):
     return calls
 
 
+def _fast_against_plain(monkeypatch, config, flag: str, method: str):
+    """Run ``config`` with the shortcut ``runs.<flag>`` on (asserting ``DecodeRuns.<method>`` was taken) and off
+    (asserting it was not); both results and the calls the shortcut made."""
+    from simulator.core import runs
+    from simulator.core.runs import DecodeRuns
+
+    taken = _counting(monkeypatch, DecodeRuns, method)
+    fast = run_simulation(config)
+    assert taken
+    calls = list(taken)
+    monkeypatch.setattr(runs, flag, False)
+    taken.clear()
+    plain = run_simulation(config)
+    assert not taken
+    _assert_same_runs(fast, plain)
+    return fast, plain, calls
+
+
 def _loaded(which: str):
     data = Path(PROFILE).parent
     return {"bench": lambda: load_cost_model(PROFILE), "json": lambda: load_cost_model(data / "example.json"),
@@ -209,18 +227,8 @@ GOODPUT_RUNS = [{}, {"proposer": "ngram", "acceptance_rate": 0.4},
 @pytest.mark.parametrize("fields", GOODPUT_RUNS)
 def test_plain_runs_are_the_per_step_path(monkeypatch, fields):
     """runs.PLAIN_RUNS (several goodput steps per SimPy event) against one event per step, bit for bit."""
-    from simulator.core import runs
-    from simulator.core.runs import DecodeRuns
-
     config = SimConfig(**{**dict(profile=PROFILE, policy="goodput", rate=8.0, num_requests=300, seed=5), **fields})
-    taken = _counting(monkeypatch, DecodeRuns, "_plain_run")
-    fast = run_simulation(config)
-    assert taken
-    monkeypatch.setattr(runs, "PLAIN_RUNS", False)
-    taken.clear()
-    plain = run_simulation(config)
-    assert not taken
-    _assert_same_runs(fast, plain)
+    _fast_against_plain(monkeypatch, config, "PLAIN_RUNS", "_plain_run")
 
 
 STATIONARY = """
@@ -242,24 +250,14 @@ class Uneven(Policy):
                                     {"policy": "fixed-k", "acceptance": "beta", "k": 2}, {"policy": "uneven"}])
 def test_list_runs_are_the_numpy_runs(monkeypatch, tmp_path, fields):
     """runs.LIST_RUNS (a stationary policy's runs worked out on lists) against the numpy runs, bit for bit."""
-    from simulator.core import runs
-    from simulator.core.runs import DecodeRuns
-
     if fields.get("policy") == "uneven":  # proposals that differ across the batch
         path = tmp_path / "uneven.py"
         path.write_text(STATIONARY)
         fields = {"policy": "test-uneven-stationary", "policy_file": str(path)}
     config = SimConfig(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=6), **fields})
-    taken = _counting(monkeypatch, DecodeRuns, "_list_run")
-    fast = run_simulation(config)
-    assert taken
+    _, _, calls = _fast_against_plain(monkeypatch, config, "LIST_RUNS", "_list_run")
     if fields["policy"] == "test-uneven-stationary":
-        assert any(min(ks) != max(ks) for ks, *_ in taken)
-    monkeypatch.setattr(runs, "LIST_RUNS", False)
-    taken.clear()
-    plain = run_simulation(config)
-    assert not taken
-    _assert_same_runs(fast, plain)
+        assert any(min(ks) != max(ks) for ks, *_ in calls)
 
 
 # --- issue 16, third pass: stationary policies' runs of per-step steps (n-gram proposals, chunked prefill) -------------
@@ -282,17 +280,7 @@ STEP_RUNS = [{"proposer": "ngram", "acceptance_rate": 0.3, "ngram_match_prob": 0
 def test_step_runs_are_the_per_step_path(monkeypatch, fields):
     """runs.STEP_RUNS (a stationary policy's per-step steps, several in one SimPy event: n-gram proposals, chunked
     prefill) against one event per step, bit for bit: summaries and request columns."""
-    from simulator.core import runs
-    from simulator.core.runs import DecodeRuns
-
     config = SimConfig(**{**dict(profile=PROFILE, policy="fixed-k", rate=8.0, num_requests=300, seed=7), **fields})
-    taken = _counting(monkeypatch, DecodeRuns, "_plain_run")
-    fast = run_simulation(config)
-    assert taken
-    monkeypatch.setattr(runs, "STEP_RUNS", False)
-    taken.clear()
-    plain = run_simulation(config)
-    assert not taken
-    _assert_same_runs(fast, plain)
+    fast, _, _ = _fast_against_plain(monkeypatch, config, "STEP_RUNS", "_plain_run")
     if "num_gpu_blocks" in fields:
         assert fast.summary["preemptions"] > 0

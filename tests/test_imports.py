@@ -203,3 +203,16 @@ def test_the_graph_sees_function_level_imports_and_skips_type_checking_blocks(tm
     names = {name for name, _ in _imported_names(ast.parse(code), "simulator.x", False)}
     assert "simulator.metrics" in names and "policies.errors" in names and "simulator.config" not in names
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_the_simulator_and_the_policies_never_import_torch_or_transformers():
+    """A researcher runs what-ifs without the profile extra: no import of torch or transformers (function-level
+    ones included) anywhere under simulator/ or policies/."""
+    offending = []
+    for module, path in _sources().items():
+        if not module.startswith(("simulator", "policies")):
+            continue
+        for name, line in _imported_names(ast.parse(path.read_text(), str(path)), module, path.name == "__init__.py"):
+            if name.split(".")[0] in ("torch", "transformers"):
+                offending.append(f"{path.relative_to(REPO)}:{line} imports {name}")
+    assert not offending, "\n".join(offending)

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 import run_sim
+from policies.errors import UserError
 from simulator.config import SimConfig
 from simulator.core.runner import run_simulation
 
@@ -135,6 +136,26 @@ def test_sharegpt_json_lengths_estimated_and_labelled(tmp_path, capsys):
     assert "ESTIMATED" in out
     req = pd.read_csv(tmp_path / "r" / "requests.csv")
     assert set(req["prompt_tokens"]) <= {10, 21}
+
+
+def test_sharegpt_json_lengths_counted_by_a_local_tokenizer_file(tmp_path):
+    """--tokenizer: a tokenizer.json (or a folder holding one) counts the tokens exactly, without torch."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from simulator.inputs.workload import read_sharegpt
+
+    words = ["a", "b", "c", "d", "e", "[UNK]"]
+    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    data = _sharegpt(tmp_path / "sg.json", [[{"from": "human", "value": "a b c d e"},
+                                             {"from": "gpt", "value": "e d c b a a"}]])
+    for name in (str(folder), str(folder / "tokenizer.json")):
+        prompt, output, label = read_sharegpt(str(data), name)
+        assert prompt.tolist() == [5] and output.tolist() == [6] and label == f"tokens counted by {name}"
+    with pytest.raises(UserError, match="no tokenizer.json there or in the local cache"):
+        read_sharegpt(str(data), str(tmp_path / "missing"))
 
 
 @pytest.mark.parametrize("content, what", [("{", "not a JSON"), ("{}", "JSON list"), ("[1]", "entry 0"),

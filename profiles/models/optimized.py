@@ -59,6 +59,12 @@ def attention_width(longest: int, query_len: int, capacity: int) -> int:
     return min(capacity, math.ceil((longest + query_len) / WIDTH_ALIGN) * WIDTH_ALIGN)
 
 
+def last_columns(batch_size: int, query_len: int, kept: int, device: torch.device) -> torch.Tensor:
+    """The ``keep`` argument of :func:`slot_pass` that keeps the last ``kept`` of ``query_len`` columns of every
+    row (``(batch_size, kept)``; ``kept = query_len``: all of them, a verification)."""
+    return torch.arange(query_len - kept, query_len, device=device).expand(batch_size, -1).contiguous()
+
+
 class SlotCache:
     """A preallocated KV cache of ``num_slots`` sequences of up to ``max_len`` tokens each (see the module
     docstring). ``lengths`` (int64, ``(num_slots,)``, on the model's device) holds each slot's live tokens."""

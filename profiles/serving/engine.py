@@ -377,7 +377,7 @@ class RealEngine:
 
     def _captured(self) -> float:
         """Seconds spent capturing CUDA graphs so far (start-up work; excluded from the engine's clock)."""
-        return sum(getattr(kv, "capture_seconds", 0.0) for kv in (self.target_kv, self.draft_kv) if kv is not None)
+        return sum(kv.capture_seconds for kv in (self.target_kv, self.draft_kv) if kv is not None)
 
     def _now(self) -> float:
         """Seconds since the run started, graph capture excluded (the steps' parts are timed on this clock too,
@@ -418,7 +418,8 @@ class RealEngine:
         generated = np.array([len(self.outputs[r]) for r in self.rids], dtype=np.int64)
         view = BatchView(now, rids, context, generated, len(self.waiting), self.cost_model, self.config.max_k,
                          self.config.proposer == "draft")
-        return checked_proposal(self.policy.name, self.policy.propose(view), len(rids), self.config.max_k)
+        return np.array(checked_proposal(self.policy.name, self.policy.propose(view), len(rids),
+                                         self.config.max_k), dtype=np.int64)
 
     def _draft_proposals(self, k: np.ndarray) -> tuple[list[list[int]], list[np.ndarray | None], int]:
         """max k draft passes over the batch: proposals (``k[i]`` tokens each), their q (sampling), passes run."""

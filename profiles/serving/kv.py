@@ -22,7 +22,7 @@ import torch
 from transformers import PreTrainedModel
 
 from profiles.models import forward
-from profiles.models.optimized import FORWARDS, GraphedForward, SlotCache, attention_width
+from profiles.models.optimized import FORWARDS, GraphedForward, SlotCache, attention_width, last_columns
 
 
 class KVBatch(Protocol):
@@ -42,9 +42,17 @@ class KVBatch(Protocol):
         """Cache positions the next pass's attention reads, summed over rows (padding included)."""
         ...
 
+    @property
+    def capture_seconds(self) -> float:
+        """Wall seconds spent capturing CUDA graphs (0 on the eager path)."""
+        ...
+
 
 class PaddedBatch:
     """The eager path: a :class:`profiles.models.forward.BatchCache` (new tokens appended as a left-padded block)."""
+
+    capture_seconds = 0.0
+    """No graphs on this path."""
 
     def __init__(self, model: PreTrainedModel, batch: forward.BatchCache | None = None) -> None:
         self.model = model
@@ -126,7 +134,7 @@ class SlotBatch:
         ids = torch.tensor([list(t) + [0] * (q - len(t)) for t in tokens], dtype=torch.long,
                            device=device)                                         # (B, q), right-padded
         if all_logits:
-            keep = torch.arange(q, device=device).expand(self.rows, -1).contiguous()   # (B, q)
+            keep = last_columns(self.rows, q, q, device)                             # (B, q)
         else:
             keep = torch.tensor(counts, device=device)[:, None] - 1                # (B, 1)
         width = attention_width(max(self._lengths), q, self.cache.max_len)

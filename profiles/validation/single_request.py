@@ -201,7 +201,6 @@ class KVMeter:
             self.peak = max(self.peak, sum(self._held.values()))
 
 
-
 # -- command line: the study at any scale (the prepared GPU run's ``single`` stage) --------------------
 def study(pair: ModelPair, prompts: list[list[int]], output_len: int, policies: Sequence[str], profile: str,
           forward: str = "eager", cuda_graphs: bool = True, twin: float | None = None,
@@ -213,7 +212,7 @@ def study(pair: ModelPair, prompts: list[list[int]], output_len: int, policies: 
     from simulator.costs.cost_model import load_cost_model
 
     cost = load_cost_model(profile, "interp")
-    started, rows = time.monotonic(), []
+    started, rows, predictions = time.monotonic(), [], {}
     serve_one(pair, prompts[0], min(output_len, 8), "fixed-k:3" if pair.draft is not None else "no-spec", cost,
               forward=forward, cuda_graphs=cuda_graphs, twin=twin)  # warm-up, not recorded
     for i, prompt in enumerate(prompts):
@@ -222,7 +221,10 @@ def study(pair: ModelPair, prompts: list[list[int]], output_len: int, policies: 
                 return pd.DataFrame(rows)
             run = serve_one(pair, prompt, output_len, spec, cost, seed=i, forward=forward, cuda_graphs=cuda_graphs,
                             twin=twin)
-            predicted = predict(len(prompt), output_len, spec, profile, acceptance_trace, seeds=5, twin=twin)
+            key = (len(prompt), spec)  # the prediction depends on the prompt's length only: once per length
+            if key not in predictions:
+                predictions[key] = predict(len(prompt), output_len, spec, profile, acceptance_trace, seeds=5, twin=twin)
+            predicted = predictions[key]
             rows.append({"prompt": i, **run.row(), "forward": forward, "twin": twin,
                          **{f"predicted_{key}": value for key, value in predicted.items()}})
     return pd.DataFrame(rows)

@@ -348,7 +348,7 @@ class SimulatedEngine(DecodeRuns):
         view = BatchView(self.env.now, np.array(self.rid, dtype=np.int64), np.array(self.ctx, dtype=np.int64),
                          np.array(generated, dtype=np.int64), len(self.waiting), self.policy_cost, self.spec.max_k,
                          self.spec.draft_proposer)
-        return checked_proposal(self.policy.name, self.policy.propose(view), len(self.rid), self.spec.max_k).tolist()
+        return checked_proposal(self.policy.name, self.policy.propose(view), len(self.rid), self.spec.max_k)
 
     def _reserve_decode_blocks(self, proposed: list[int]) -> None:
         """Reserve the lookahead slots of this step, preempting newest requests while blocks run out."""

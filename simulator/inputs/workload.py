@@ -265,8 +265,8 @@ def read_sharegpt(path: str, tokenizer: str | None = None) -> tuple[np.ndarray, 
     The file is a list of ``{"conversations": [{"from": "human", "value": TEXT}, {"from": "gpt", "value": TEXT},
     ...]}``; as ``vllm bench serve --dataset-name sharegpt`` does, each entry with at least two turns gives one
     pair: the first turn is the prompt, the second the output; pairs with either side under 4 tokens, a prompt
-    over 1024 or both over 2048 tokens are dropped. Token counts: with ``tokenizer`` (a Hugging Face tokenizer in
-    the local cache, or a folder; ``transformers`` must be installed; nothing is downloaded) exact; without,
+    over 1024 or both over 2048 tokens are dropped. Token counts: with ``tokenizer`` (a Hugging Face
+    ``tokenizer.json``, a folder holding one, or a model name in the local cache; nothing is downloaded) exact; without,
     ``ceil(len(text) / 4)`` characters, an estimate the returned label says is one."""
     import json
 
@@ -315,18 +315,40 @@ def read_sharegpt(path: str, tokenizer: str | None = None) -> tuple[np.ndarray, 
 
 
 def _load_tokenizer(name: str):
-    """``encode(text) -> ids`` of a locally available Hugging Face tokenizer; a one-line UserError otherwise."""
+    """``encode(text) -> ids`` of a locally available Hugging Face tokenizer (its ``tokenizer.json``: a file, a
+    folder holding one, or a model name in the local hub cache); a one-line UserError otherwise. Read with the
+    ``tokenizers`` library (no torch, no transformers: the simulator runs without them); nothing is downloaded."""
     try:
-        from transformers import AutoTokenizer
+        from tokenizers import Tokenizer
     except ImportError:
-        raise UserError(f"--tokenizer {name}: needs transformers (pip install -e '.[profile]'), or drop --tokenizer "
-                        "to estimate tokens from characters") from None
+        raise UserError(f"--tokenizer {name}: needs the tokenizers package (pip install tokenizers), or drop "
+                        "--tokenizer to estimate tokens from characters") from None
+    path = Path(name)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        path = _cached_tokenizer_file(name)
+    if path is None:
+        raise UserError(f"--tokenizer {name}: no tokenizer.json there or in the local cache (nothing is downloaded)")
     try:
-        tok = AutoTokenizer.from_pretrained(name, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - any failure to load is the user's input
-        raise UserError(f"--tokenizer {name}: not found locally (nothing is downloaded): "
+        tok = Tokenizer.from_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - any failure to read is the user's input
+        raise UserError(f"--tokenizer {name}: {path} is not a tokenizer file: "
                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-    return lambda text: tok(text).input_ids  # as vLLM counts: special tokens included
+    return lambda text: tok.encode(text).ids  # as vLLM counts: special tokens included
+
+
+def _cached_tokenizer_file(name: str) -> Path | None:
+    """``tokenizer.json`` of model ``name`` in the local Hugging Face hub cache, or None."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    try:
+        found = try_to_load_from_cache(name, "tokenizer.json")
+    except Exception:  # noqa: BLE001 - a name that is no repo id is simply not cached
+        return None
+    return Path(found) if isinstance(found, str) else None
 
 
 def _token_counts(path: str, column: Column) -> np.ndarray:
