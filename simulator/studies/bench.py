@@ -7,7 +7,9 @@ present, else a lognormal of similar medians; Poisson arrivals at 4 req/s; the s
 Llama-2-7B (A100-80GB) cost model, the setting Vidur's reference numbers come from. It prints a table;
 the figures are noisy on shared machines, so compare ratios, not seconds. Then (``--calls N``, 0 to skip) the
 microseconds per call of the cost-model methods the engine calls millions of times a run. A policy may carry
-variants: ``+ngram`` (n-gram proposer), ``+chunked`` (chunked prefill); ``threshold`` runs with ``max_batch=8``.
+variants: ``+ngram`` (n-gram proposer), ``+chunked`` (chunked prefill), ``+NAME=VALUE`` (a policy parameter);
+``threshold`` runs with ``max_batch=8`` (it then speculates in about 1% of its decode steps here: the batch is
+larger), ``threshold+max_batch=32`` in about two thirds of them. ``--profile`` prices every case with another profile.
 """
 from __future__ import annotations
 
@@ -33,13 +35,18 @@ VARIANTS = {"ngram": {"proposer": "ngram"}, "chunked": {"scheduler": "chunked-pr
 POLICY_PARAMS = {"threshold": (("max_batch", 8),)}
 
 
-def _case_config(size: int, policy: str) -> dict:
+def _case_config(size: int, policy: str, profile: Path = BENCH_PROFILE) -> dict:
     """The case ``policy`` (a policy name, optionally ``+ngram`` / ``+chunked``) of ``size`` requests."""
     name, *variants = policy.split("+")
-    config = {"rate": 4.0, "num_requests": size, "policy": name, "k": 4, "seed": 0, "profile": str(BENCH_PROFILE),
+    config = {"rate": 4.0, "num_requests": size, "policy": name, "k": 4, "seed": 0, "profile": str(profile),
               "policy_params": POLICY_PARAMS.get(name, ())}
     for variant in variants:
-        config.update(VARIANTS[variant])
+        if "=" in variant:  # a policy parameter, e.g. threshold+max_batch=32
+            param, _, value = variant.partition("=")
+            config["policy_params"] = dict(config["policy_params"]) | {param: int(value) if value.isdigit() else value}
+        else:
+            config.update(VARIANTS[variant])
+    config["policy_params"] = tuple(dict(config["policy_params"]).items())
     if AZURE_CONV.exists():
         config.update(length_dist="file", length_file=str(AZURE_CONV))
     else:
@@ -89,20 +96,22 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--policies", default="no-spec,fixed-k", help="policies, comma-separated")
     parser.add_argument("--calls", type=int, default=20_000,
                         help="calls per cost-model method in the per-call table (0: no table)")
+    parser.add_argument("--profile", type=Path, default=BENCH_PROFILE,
+                        help="cost profile of every case (default: the shipped analytical A100 7B profile)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child(args.child)
         return 0
     lengths = "Azure conv trace lengths" if AZURE_CONV.exists() else "lognormal lengths (trace absent)"
-    print(f"Poisson 4 req/s, {lengths}, {BENCH_PROFILE.name}, k=4 for fixed-k")
+    print(f"Poisson 4 req/s, {lengths}, {args.profile}, k=4 for fixed-k")
     print(f"{'requests':>9} {'policy':>16} {'steps':>9} {'process s':>10} {'req/s':>9} {'sim-only req/s':>15} "
           f"{'peak MB':>8}")
     for size in [int(s) for s in args.sizes.split(",") if s.strip()]:
         for policy in args.policies.split(","):
             start = time.perf_counter()
             out = subprocess.run([sys.executable, "-m", "simulator.studies.bench", "--child",
-                                  json.dumps(_case_config(size, policy))],
+                                  json.dumps(_case_config(size, policy, args.profile))],
                                  check=True, capture_output=True, text=True).stdout
             wall = time.perf_counter() - start
             fig = json.loads(out.strip().splitlines()[-1])
