@@ -11,6 +11,11 @@ class NoSpec(Policy):
 
     name = "no-spec"
     stationary = True
+    by_count = True
+    """:meth:`propose` is :meth:`k_by_count` for everyone (the simulator may ask that instead: a speed shortcut)."""
+
+    def k_by_count(self, batch_size: int, max_k: int) -> int:
+        return 0
 
     def propose(self, view: BatchView) -> np.ndarray:
         return np.zeros(view.batch_size, dtype=np.int64)
@@ -21,6 +26,12 @@ class FixedK(Policy):
 
     name = "fixed-k"
     stationary = True
+    by_count = True
+    """:meth:`propose` is :meth:`k_by_count` for everyone (the simulator may ask that instead: a speed shortcut)."""
+
+    def k_by_count(self, batch_size: int, max_k: int) -> int:
+        """The k every request proposes when ``batch_size`` run and at most ``max_k`` may be proposed."""
+        return min(self.k, max_k)
 
     def propose(self, view: BatchView) -> np.ndarray:
         return np.full(view.batch_size, min(self.k, view.max_k), dtype=np.int64)

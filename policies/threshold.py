@@ -42,6 +42,9 @@ class Threshold(Policy):
             ((0, max_batch, self.k),) if max_batch is not None else parse_table(reader, table, self.k))
         """Inclusive request-count ranges and their k, sorted and disjoint."""
         self.stationary = self.count == "running"  # the queue length changes k only with count=total
+        self.by_count = self.stationary
+        """:meth:`propose` is :meth:`k_by_count` for everyone (the simulator may ask that instead: a speed
+        shortcut); not with count=total, which adds the queue."""
 
     def k_for(self, count: int) -> int:
         """Proposal length when ``count`` requests are counted (0 outside every range)."""
@@ -49,6 +52,10 @@ class Threshold(Policy):
             if start <= count <= end:
                 return k
         return 0
+
+    def k_by_count(self, batch_size: int, max_k: int) -> int:
+        """The k every request proposes when ``batch_size`` run (with count=running) and at most ``max_k`` may be."""
+        return min(self.k_for(batch_size), max_k)
 
     def propose(self, view: BatchView) -> np.ndarray:
         count = view.batch_size + (view.num_waiting if self.count == "total" else 0)

@@ -284,3 +284,75 @@ def test_step_runs_are_the_per_step_path(monkeypatch, fields):
     fast, _, _ = _fast_against_plain(monkeypatch, config, "STEP_RUNS", "_plain_run")
     if "num_gpu_blocks" in fields:
         assert fast.summary["preemptions"] > 0
+
+
+# --- issue 16, fourth pass: uniform runs kept lean, proposals by the running count -----------------------------------
+
+UNIFORM_RUNS = [{"scheduler": "chunked-prefill"},
+                {"scheduler": "chunked-prefill", "acceptance": "beta", "k": 2},
+                {"scheduler": "chunked-prefill", "acceptance_rate": 1.0},  # every proposal accepted
+                {"scheduler": "chunked-prefill", "policy": "no-spec"},  # k = 0: one token a step
+                {"scheduler": "chunked-prefill", "policy": "threshold", "policy_params": (("max_batch", 8),),
+                 "rate": 20.0},  # speculating and not, as the batch grows and shrinks
+                {"scheduler": "chunked-prefill", "rate": 40.0, "num_gpu_blocks": 600},  # runs end for want of blocks
+                {"scheduler": "chunked-prefill", "rate": 30.0, "max_num_seqs": 8},  # full seats, a queue
+                {"scheduler": "chunked-prefill", "num_requests": 60, "rate": 0.5},  # an empty queue: arrivals end runs
+                {"proposer": "ngram", "policy": "threshold", "policy_params": (("max_batch", 4),), "rate": 20.0}]
+
+
+@pytest.mark.parametrize("fields", UNIFORM_RUNS)
+def test_uniform_runs_are_the_plain_loop(monkeypatch, fields):
+    """runs.UNIFORM_RUNS (a run of one k for everyone kept on tokens left and the context total, contexts, blocks and
+    totals worked out at its end) against runs.STEP_RUNS' loop, bit for bit: summaries and request columns."""
+    config = SimConfig(**{**dict(profile=PROFILE, policy="fixed-k", rate=8.0, num_requests=300, seed=8), **fields})
+    fast, _, _ = _fast_against_plain(monkeypatch, config, "UNIFORM_RUNS", "_uniform_run")
+    if "num_gpu_blocks" in fields:
+        assert fast.summary["preemptions"] > 0
+
+
+def _by_count_policies():
+    from policies.registry import make_policy
+
+    yield make_policy("no-spec", 4, {})
+    yield make_policy("fixed-k", 4, {})
+    yield make_policy("fixed-k", 6, {})  # more than max_k: capped
+    yield make_policy("threshold", 4, {"max_batch": 8})
+    yield make_policy("threshold", 4, {"table": "1-4:4,5-16:2,30-40:1"})
+
+
+def test_proposals_by_count_are_propose():
+    """k_by_count (what the engine asks under runs.BY_COUNT) against propose on random views; a threshold counting
+    the queue, and a subclass with a propose of its own, are not asked by count."""
+    from policies.static import FixedK
+    from simulator.core.engine import _by_count
+
+    cost = load_cost_model(PROFILE)
+    for policy in _by_count_policies():
+        assert _by_count(policy) is not None
+        for view, _ in _views(cost, 3, 300):
+            want = policy.propose(view).tolist()
+            assert [policy.k_by_count(view.batch_size, view.max_k)] * view.batch_size == want
+
+    class Mine(FixedK):
+        def propose(self, view):
+            return np.zeros(view.batch_size, dtype=np.int64)
+
+    from policies.registry import make_policy
+    assert _by_count(Mine(4)) is None
+    assert _by_count(make_policy("threshold", 4, {"max_batch": 8, "count": "total"})) is None
+    assert _by_count(make_policy("goodput", 4, {})) is None
+
+
+@pytest.mark.parametrize("fields", [{"policy": "fixed-k"}, {"policy": "threshold", "policy_params": (("max_batch", 8),),
+                                                            "rate": 20.0, "save_steps": True},
+                                    {"policy": "fixed-k", "scheduler": "chunked-prefill", "proposer": "ngram"}])
+def test_runs_asked_by_count_are_runs_asked_by_propose(monkeypatch, fields):
+    """runs.BY_COUNT on and off: the same summaries and request columns (and steps, where kept)."""
+    from simulator.core import runs
+
+    config = SimConfig(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=9), **fields})
+    fast = run_simulation(config)
+    monkeypatch.setattr(runs, "BY_COUNT", False)
+    plain = run_simulation(config)
+    _assert_same_runs(fast, plain)
+    assert fast.recorder.steps == plain.recorder.steps

@@ -122,6 +122,9 @@ class SimulatedEngine(DecodeRuns):
         self._observes = type(policy).observe is not Policy.observe
         """Whether the policy learns from outcomes (else no StepOutcome is built; speed shortcut)."""
         self._match = _Uniforms(ngram_rng)
+        self._by_count = _by_count(policy) if runs.BY_COUNT else None
+        """The policy's ``k_by_count`` when it proposes one k for everyone by the running count alone (speed
+        shortcut, see runs.BY_COUNT), else None."""
         # n-gram lookups hit or miss step by step, so only a draft model (or no speculation) runs steps together
         self.runs = (spec.run_steps > 1 and getattr(policy, "stationary", False) and not spec.chunked_prefill
                      and (spec.draft_proposer or not spec.speculative))
@@ -343,6 +346,10 @@ class SimulatedEngine(DecodeRuns):
 
     def _asked(self) -> list[int]:
         """The policy's validated k per running request (before the n-gram lookup's misses)."""
+        if self._by_count is not None:  # one k by the running count (speed shortcut, runs.BY_COUNT; tested)
+            k = self._by_count(len(self.rid), self.spec.max_k)
+            if 0 <= k <= self.spec.max_k:  # else propose's answer, refused by checked_proposal as it always is
+                return [k] * len(self.rid)
         output = self.output
         generated = [output[r] - t for r, t in zip(self.rid, self.left)]
         view = BatchView(self.env.now, np.array(self.rid, dtype=np.int64), np.array(self.ctx, dtype=np.int64),
@@ -453,6 +460,17 @@ class SimulatedEngine(DecodeRuns):
         """Hand a leaving request's speculative totals (``self.totals``) to the recorder."""
         if totals[0]:
             self.rec.add_decode(rid, *totals)
+
+
+def _by_count(policy: Policy):
+    """``policy.k_by_count`` if the policy says that its :meth:`Policy.propose` is one k for every running request
+    chosen by their count alone (``by_count``) and that ``propose`` is the one written beside ``k_by_count`` (not a
+    subclass's), else None."""
+    method = getattr(policy, "k_by_count", None)
+    if method is None or not getattr(policy, "by_count", False):
+        return None
+    owner = next(c for c in type(policy).__mro__ if "k_by_count" in c.__dict__)
+    return method if type(policy).propose is owner.__dict__.get("propose") else None
 
 
 class _Uniforms:

@@ -34,7 +34,8 @@ from itertools import accumulate
 
 import numpy as np
 
-from policies.step_time import run_seconds, uniform_memo, uniform_step_seconds
+from policies.step_time import (run_seconds, shape_seconds, uniform_memo, uniform_step_seconds,
+                               uniform_step_shape)
 
 LIST_RUNS = True
 """Speed shortcut, switched here in one place: a speculative run of a stationary policy works out its steps on plain
@@ -48,6 +49,20 @@ can be admitted, when a chunked step is a decode step) runs several steps in one
 :meth:`DecodeRuns._plain_run` with its proposal asked once a run (the batch does not change within one), each step the
 per-step path's (the n-gram misses drawn, priced, drawn and added every step), so bit for bit the per-step path's
 results (``tests/test_fast_paths.py`` runs both). False: one event per step."""
+
+UNIFORM_RUNS = True
+"""Speed shortcut, switched here in one place: a :data:`STEP_RUNS` run in which every request proposes the same k and
+no n-gram lookup can miss (a draft model proposes, or k is 0) keeps per step only what the next step needs (each
+request's tokens left and the batch's context total), and works out contexts, blocks and the speculative totals once
+at the end (:meth:`DecodeRuns._uniform_run`), for as many steps as surely fit in the free blocks. The same steps,
+prices, draws and stopping points as step by step, bit for bit (``tests/test_fast_paths.py``). False: the loop of
+:meth:`DecodeRuns._plain_run`."""
+
+BY_COUNT = True
+"""Speed shortcut, switched here in one place: a built-in policy whose proposal is one k for everyone chosen by the
+running count alone (``k_by_count``: no-spec, fixed-k, threshold counting running requests) is asked through that
+method, without building its :class:`policies.base.BatchView` (see ``SimulatedEngine._asked``); the same list as
+``propose`` gives (``tests/test_fast_paths.py``). False: every proposal through ``propose``."""
 
 PLAIN_RUNS = True
 """Speed shortcut, switched here in one place: an adaptive policy with a plain-Python stepper (``steps_plain``, e.g.
@@ -192,10 +207,14 @@ class DecodeRuns:
                 return True
             return sum([n - b for c, b in zip(self.ctx, self.blocks) if (n := (c + worst) // bs) > b]) <= self.free_blocks
 
+        asked = self._asked() if stationary else None  # a stationary policy's proposal for the whole run
+        if stationary and UNIFORM_RUNS and (draft or not any(asked)) and asked.count(asked[0]) == len(asked) \
+                and self.free_blocks >= (asked[0] + bs) // bs * len(asked):  # (speed shortcut, tested)
+            yield from self._uniform_run(asked)
+            return
         if not fits():
             yield from (self._chunked_step() if spec.chunked_prefill else self._decode_step())
             return
-        asked = self._asked() if stationary else None  # a stationary policy's proposal for the whole run
         clock = self.env.now
         arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
                    else np.inf)
@@ -250,6 +269,62 @@ class DecodeRuns:
                 totals[1] += a
                 totals[2] += spec_steps
                 totals[3] += e
+        yield self._timeout_until(clock)
+        if 0 in self.left:
+            self._retire(self.env.now)
+
+    def _uniform_run(self, asked: list[int]):
+        """:meth:`_plain_run` of a stationary policy whose proposal ``asked`` is one k for every request, when no
+        n-gram lookup can miss (a draft model proposes, or k is 0): speed shortcut, switched by :data:`UNIFORM_RUNS`.
+
+        Each step is priced as the per-step path prices it (the step formula over the batch's context total) and
+        its acceptances drawn in the same order; per step only the tokens each request has left and the context
+        total are kept. The contexts, the blocks (the last step's reservation, the largest of the run) and the
+        speculative totals follow once at the end, from integer sums. The run ends where :meth:`_plain_run`'s may
+        (a finish, the step that ends at or after the next arrival when the queue is empty, ``run_steps``), and
+        within the steps that surely fit: a request holds at least ceil(c / bs) blocks, so a step adds at most
+        (k + bs) // bs blocks to it, and ``free_blocks // (that x batch)`` steps fit without counting (the caller
+        checks that it is at least 1). Ending a run anywhere gives the same steps (see :meth:`_plain_run`)."""
+        spec, cost, draft = self.spec, self.cost, self.spec.draft_proposer
+        bs, k, batch = spec.block_size, asked[0], len(asked)
+        rids, ctx0, left0, blocks0 = self.rid, self.ctx, self.left, self.blocks
+        horizon = min(spec.run_steps, self.free_blocks // ((k + bs) // bs * batch))  # steps that surely fit
+        arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
+                   else np.inf)
+        clock, context, steps = self.env.now, sum(ctx0), 0
+        if k:
+            draw, left, remaining = self.acceptance.draw_list, left0, sum(left0)
+            while True:
+                clock += shape_seconds(cost, uniform_step_shape(batch, context, k), draft)  # as SimPy adds it
+                accepted = draw(rids, asked)
+                before, left = left, [t - a - 1 if a < t else 0 for a, t in zip(accepted, left)]  # t - min(a + 1, t)
+                steps += 1
+                if 0 in left or clock >= arrival or steps >= horizon:
+                    break
+                context, remaining = context + remaining - (now := sum(left)), now
+        else:  # nobody proposes: every request emits one token a step
+            most = min(horizon, min(left0))
+            while True:
+                clock += shape_seconds(cost, uniform_step_shape(batch, context, 0), draft)
+                steps += 1
+                if steps >= most or clock >= arrival:
+                    break
+                context += batch
+            before, left = [t - steps + 1 for t in left0], [t - steps for t in left0]
+        emitted = [t0 - t for t0, t in zip(left0, left)]
+        self.ctx = [c + e for c, e in zip(ctx0, emitted)]
+        self.left = left
+        # the last step reserved ceil((c + k + 1) / bs) over its context c (the most of any step of the run)
+        self.blocks = [n if (n := (c + t0 - t + k + bs) // bs) > b else b
+                       for c, t0, t, b in zip(ctx0, left0, before, blocks0)]
+        self.free_blocks -= sum(self.blocks) - sum(blocks0)
+        if k:  # accepted tokens emitted: a step's min(a, t) is e - 1 unless a >= t (then the request's last step)
+            for totals, e, a, t in zip(self.totals, emitted, accepted, before):
+                totals[0] += k * steps
+                totals[1] += e - steps + (1 if a >= t else 0)
+                totals[2] += steps
+                totals[3] += e
+        self.rec.num_steps += steps
         yield self._timeout_until(clock)
         if 0 in self.left:
             self._retire(self.env.now)
