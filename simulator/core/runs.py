@@ -34,6 +34,7 @@ from itertools import accumulate
 
 import numpy as np
 
+from policies import step_time
 from policies.step_time import (run_seconds, shape_seconds, uniform_memo, uniform_step_seconds,
                                uniform_step_shape)
 
@@ -285,17 +286,17 @@ class DecodeRuns:
         within the steps that surely fit: a request holds at least ceil(c / bs) blocks, so a step adds at most
         (k + bs) // bs blocks to it, and ``free_blocks // (that x batch)`` steps fit without counting (the caller
         checks that it is at least 1). Ending a run anywhere gives the same steps (see :meth:`_plain_run`)."""
-        spec, cost, draft = self.spec, self.cost, self.spec.draft_proposer
+        spec = self.spec
         bs, k, batch = spec.block_size, asked[0], len(asked)
         rids, ctx0, left0, blocks0 = self.rid, self.ctx, self.left, self.blocks
         horizon = min(spec.run_steps, self.free_blocks // ((k + bs) // bs * batch))  # steps that surely fit
         arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
                    else np.inf)
-        clock, context, steps = self.env.now, sum(ctx0), 0
+        clock, context, steps, price = self.env.now, sum(ctx0), 0, self._uniform_pricer(batch, k)
         if k:
             draw, left, remaining = self.acceptance.draw_list, left0, sum(left0)
             while True:
-                clock += shape_seconds(cost, uniform_step_shape(batch, context, k), draft)  # as SimPy adds it
+                clock += price(context)  # as SimPy adds the step's timeout
                 accepted = draw(rids, asked)
                 before, left = left, [t - a - 1 if a < t else 0 for a, t in zip(accepted, left)]  # t - min(a + 1, t)
                 steps += 1
@@ -305,7 +306,7 @@ class DecodeRuns:
         else:  # nobody proposes: every request emits one token a step
             most = min(horizon, min(left0))
             while True:
-                clock += shape_seconds(cost, uniform_step_shape(batch, context, 0), draft)
+                clock += price(context)
                 steps += 1
                 if steps >= most or clock >= arrival:
                     break
@@ -328,6 +329,28 @@ class DecodeRuns:
         yield self._timeout_until(clock)
         if 0 in self.left:
             self._retire(self.env.now)
+
+    def _uniform_pricer(self, batch: int, k: int):
+        """The seconds of a step of ``batch`` requests all proposing ``k``, as a function of their context total: the
+        step formula's number (:func:`policies.step_time.shape_seconds` of the uniform shape, what the per-step path
+        charges), bit for bit. Under ``step_time.FAST_UNIFORM`` the step's passes come from the cost model's one-call
+        ``uniform_decode_times`` (its scalar calls' numbers, tested) and the overhead is priced once a run; the
+        additions are :func:`policies.step_time.step_seconds`' (verification, overhead, draft passes in order)."""
+        cost, draft = self.cost, self.spec.draft_proposer
+        uniform = getattr(cost, "uniform_decode_times", None) if step_time.FAST_UNIFORM else None
+        if uniform is None:
+            return lambda context: shape_seconds(cost, uniform_step_shape(batch, context, k), draft)
+        overhead = cost.overhead_time(batch)
+
+        def price(context: int) -> float:
+            targets, drafts = uniform(batch, context, k, draft)
+            seconds = targets[k]
+            seconds += overhead
+            for pass_seconds in drafts:
+                seconds += pass_seconds
+            return seconds
+
+        return price
 
     def _timeout_until(self, clock: float):
         """A SimPy timeout that ends at ``clock`` exactly (now + (clock - now) can round off clock; the delay is
