@@ -197,6 +197,11 @@ class DecodeRuns:
         prefill is under way and nobody can be admitted, and the step that must preempt is a chunked step."""
         spec, policy, cost = self.spec, self.policy, self.policy_cost
         bs, max_k, draft, run_steps = spec.block_size, spec.max_k, spec.draft_proposer, spec.run_steps
+        asked = self._asked() if stationary else None  # a stationary policy's proposal for the whole run
+        if stationary and UNIFORM_RUNS and (draft or not any(asked)) and asked.count(asked[0]) == len(asked) \
+                and self.free_blocks >= (asked[0] + bs) // bs * len(asked):  # (speed shortcut, tested)
+            yield from self._uniform_run(asked)
+            return
         worst = (max_k if spec.speculative else 0) + bs  # (c + worst) // bs: blocks of a step proposing max_k
 
         # A running request holds at least ceil(c / bs) blocks for its context c, so a step adds at most worst // bs
@@ -208,11 +213,6 @@ class DecodeRuns:
                 return True
             return sum([n - b for c, b in zip(self.ctx, self.blocks) if (n := (c + worst) // bs) > b]) <= self.free_blocks
 
-        asked = self._asked() if stationary else None  # a stationary policy's proposal for the whole run
-        if stationary and UNIFORM_RUNS and (draft or not any(asked)) and asked.count(asked[0]) == len(asked) \
-                and self.free_blocks >= (asked[0] + bs) // bs * len(asked):  # (speed shortcut, tested)
-            yield from self._uniform_run(asked)
-            return
         if not fits():
             yield from (self._chunked_step() if spec.chunked_prefill else self._decode_step())
             return
@@ -290,8 +290,8 @@ class DecodeRuns:
         bs, k, batch = spec.block_size, asked[0], len(asked)
         rids, ctx0, left0, blocks0 = self.rid, self.ctx, self.left, self.blocks
         horizon = min(spec.run_steps, self.free_blocks // ((k + bs) // bs * batch))  # steps that surely fit
-        arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
-                   else np.inf)
+        arrival = (float(self.workload.arrival_time[self.arrived])  # a Python float: compared every step
+                   if not self.waiting and self.arrived < len(self.workload) else math.inf)
         clock, context, steps, price = self.env.now, sum(ctx0), 0, self._uniform_pricer(batch, k)
         if k:
             draw, left, remaining = self.acceptance.draw_list, left0, sum(left0)
