@@ -34,9 +34,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from policies import step_time
-from policies.step_time import (run_seconds, shape_seconds, uniform_memo, uniform_step_seconds,
-                               uniform_step_shape)
+from policies.step_time import run_seconds, uniform_memo, uniform_step_seconds
 
 LIST_RUNS = True
 """Speed shortcut, switched here in one place: a speculative run of a stationary policy works out its steps on plain
@@ -331,23 +329,20 @@ class DecodeRuns:
             self._retire(self.env.now)
 
     def _uniform_pricer(self, batch: int, k: int):
-        """The seconds of a step of ``batch`` requests all proposing ``k``, as a function of their context total: the
-        step formula's number (:func:`policies.step_time.shape_seconds` of the uniform shape, what the per-step path
-        charges), bit for bit. Under ``step_time.FAST_UNIFORM`` the step's passes come from the cost model's one-call
-        ``uniform_decode_times`` (its scalar calls' numbers, tested) and the overhead is priced once a run; the
-        additions are :func:`policies.step_time.step_seconds`' (verification, overhead, draft passes in order)."""
-        cost, draft = self.cost, self.spec.draft_proposer
-        uniform = getattr(cost, "uniform_decode_times", None) if step_time.FAST_UNIFORM else None
-        if uniform is None:
-            return lambda context: shape_seconds(cost, uniform_step_shape(batch, context, k), draft)
-        overhead = cost.overhead_time(batch)
+        """The seconds of a step of ``batch`` requests all proposing ``k``, as a function of their context total:
+        :func:`policies.step_time.shape_seconds` of the uniform step's shape (what the per-step path charges) without
+        building the shape, the same cost-model calls in the same order and the additions of
+        :func:`policies.step_time.step_seconds` (verification, overhead, draft passes), so bit for bit its number and
+        its warnings; the overhead, a function of the batch size alone, is priced once a run."""
+        target, draft_time, overhead = self.cost.target_time, self.cost.draft_time, self.cost.overhead_time(batch)
+        query = batch * (k + 1)
+        passes = range(k) if self.spec.draft_proposer else range(0)
 
         def price(context: int) -> float:
-            targets, drafts = uniform(batch, context, k, draft)
-            seconds = targets[k]
+            seconds = target(batch, query, context)
             seconds += overhead
-            for pass_seconds in drafts:
-                seconds += pass_seconds
+            for p in passes:  # draft pass p + 1 reads sum_i (c_i + p)
+                seconds += draft_time(batch, context + batch * p)
             return seconds
 
         return price
