@@ -196,8 +196,7 @@ class DecodeRuns:
         spec, policy, cost = self.spec, self.policy, self.policy_cost
         bs, max_k, draft, run_steps = spec.block_size, spec.max_k, spec.draft_proposer, spec.run_steps
         asked = self._asked() if stationary else None  # a stationary policy's proposal for the whole run
-        if stationary and UNIFORM_RUNS and (draft or not any(asked)) and asked.count(asked[0]) == len(asked) \
-                and self.free_blocks >= (asked[0] + bs) // bs * len(asked):  # (speed shortcut, tested)
+        if stationary and UNIFORM_RUNS and self._uniform(asked):  # (speed shortcut, tested)
             yield from self._uniform_run(asked)
             return
         worst = (max_k if spec.speculative else 0) + bs  # (c + worst) // bs: blocks of a step proposing max_k
@@ -272,25 +271,53 @@ class DecodeRuns:
         if 0 in self.left:
             self._retire(self.env.now)
 
+    def _uniform(self, asked: list[int]) -> bool:
+        """Whether :meth:`_uniform_run` may take a stationary policy's proposal ``asked``: one k for everyone, no n-gram
+        lookup that can miss (a draft model proposes, or k is 0), and room for at least one step without counting."""
+        k = asked[0]
+        return ((self.spec.draft_proposer or not k) and asked.count(k) == len(asked)
+                and self.free_blocks >= (k + self.spec.block_size) // self.spec.block_size * len(asked))
+
     def _uniform_run(self, asked: list[int]):
         """:meth:`_plain_run` of a stationary policy whose proposal ``asked`` is one k for every request, when no
         n-gram lookup can miss (a draft model proposes, or k is 0): speed shortcut, switched by :data:`UNIFORM_RUNS`.
 
-        Each step is priced as the per-step path prices it (the step formula over the batch's context total) and
-        its acceptances drawn in the same order; per step only the tokens each request has left and the context
-        total are kept. The contexts, the blocks (the last step's reservation, the largest of the run) and the
-        speculative totals follow once at the end, from integer sums. The run ends where :meth:`_plain_run`'s may
-        (a finish, the step that ends at or after the next arrival when the queue is empty, ``run_steps``), and
-        within the steps that surely fit: a request holds at least ceil(c / bs) blocks, so a step adds at most
-        (k + bs) // bs blocks to it, and ``free_blocks // (that x batch)`` steps fit without counting (the caller
-        checks that it is at least 1). Ending a run anywhere gives the same steps (see :meth:`_plain_run`)."""
-        spec = self.spec
-        bs, k, batch = spec.block_size, asked[0], len(asked)
-        rids, ctx0, left0, blocks0 = self.rid, self.ctx, self.left, self.blocks
-        horizon = min(spec.run_steps, self.free_blocks // ((k + bs) // bs * batch))  # steps that surely fit
+        Runs :meth:`_uniform_steps` from now; when they end with a finish while nobody waits and before the next
+        arrival, the finished requests leave at that step's end (as step by step: nothing else happens then) and the
+        run goes on with the smaller batch, asked again by its count (a policy asked through a view starts a new
+        run: its view would carry the clock), while its proposal still qualifies (:meth:`_uniform`). At most
+        ``run_steps`` steps in all; ending a run anywhere gives the same steps (see :meth:`_plain_run`)."""
         arrival = (float(self.workload.arrival_time[self.arrived])  # a Python float: compared every step
                    if not self.waiting and self.arrived < len(self.workload) else math.inf)
-        clock, context, steps, price = self.env.now, sum(ctx0), 0, self._uniform_pricer(batch, k)
+        clock, steps, most = self.env.now, 0, self.spec.run_steps
+        while True:
+            clock, taken = self._uniform_steps(asked, clock, arrival, most - steps)
+            steps += taken
+            if 0 not in self.left or self.waiting or clock >= arrival or steps >= most:
+                break
+            self._retire(clock)
+            if not self.rid or self._by_count is None:  # a policy asked through its view sees the clock: a new run
+                break
+            asked = self._asked()
+            if not self._uniform(asked):
+                break
+        yield self._timeout_until(clock)
+        if 0 in self.left:
+            self._retire(self.env.now)
+
+    def _uniform_steps(self, asked: list[int], clock: float, arrival: float, most: int) -> tuple[float, int]:
+        """Up to ``most`` steps of the batch all proposing ``asked[0]`` from ``clock``; the clock after them and their
+        count. Each step is priced as the per-step path prices it (the step formula over the batch's context total)
+        and its acceptances drawn in the same order; per step only the tokens each request has left and the context
+        total are kept. The contexts, the blocks (the last step's reservation, the largest of them) and the
+        speculative totals follow once at the end, from integer sums. The steps end with a finish, with the step
+        that ends at or after ``arrival``, or within the steps that surely fit: a request holds at least
+        ceil(c / bs) blocks, so a step adds at most (k + bs) // bs blocks to it, and ``free_blocks // (that x
+        batch)`` steps fit without counting (:meth:`_uniform` checks that it is at least 1)."""
+        bs, k, batch = self.spec.block_size, asked[0], len(asked)
+        rids, ctx0, left0, blocks0 = self.rid, self.ctx, self.left, self.blocks
+        horizon = min(most, self.free_blocks // ((k + bs) // bs * batch))  # steps that surely fit
+        context, steps, price = sum(ctx0), 0, self._uniform_pricer(batch, k)
         if k:
             draw, left, remaining = self.acceptance.draw_list, left0, sum(left0)
             while True:
@@ -302,11 +329,11 @@ class DecodeRuns:
                     break
                 context, remaining = context + remaining - (now := sum(left)), now
         else:  # nobody proposes: every request emits one token a step
-            most = min(horizon, min(left0))
+            horizon = min(horizon, min(left0))
             while True:
                 clock += price(context)
                 steps += 1
-                if steps >= most or clock >= arrival:
+                if steps >= horizon or clock >= arrival:
                     break
                 context += batch
             before, left = [t - steps + 1 for t in left0], [t - steps for t in left0]
@@ -324,9 +351,7 @@ class DecodeRuns:
                 totals[2] += steps
                 totals[3] += e
         self.rec.num_steps += steps
-        yield self._timeout_until(clock)
-        if 0 in self.left:
-            self._retire(self.env.now)
+        return clock, steps
 
     def _uniform_pricer(self, batch: int, k: int):
         """The seconds of a step of ``batch`` requests all proposing ``k``, as a function of their context total:
