@@ -356,3 +356,18 @@ def test_runs_asked_by_count_are_runs_asked_by_propose(monkeypatch, fields):
     plain = run_simulation(config)
     _assert_same_runs(fast, plain)
     assert fast.recorder.steps == plain.recorder.steps
+
+
+def test_uniform_runs_go_on_past_a_finish(monkeypatch):
+    """A uniform run whose step ends with a finish, nobody waiting, goes on with the smaller batch in the same event
+    (more stretches of steps than runs), and still gives step by step's results."""
+    from simulator.core.runs import DecodeRuns
+
+    config = SimConfig(profile=PROFILE, policy="fixed-k", scheduler="chunked-prefill", rate=2.0, num_requests=200,
+                       seed=10)
+    runs_taken = _counting(monkeypatch, DecodeRuns, "_uniform_run")
+    stretches = []
+    steps = DecodeRuns._uniform_steps
+    monkeypatch.setattr(DecodeRuns, "_uniform_steps", lambda self, *a: stretches.append(a) or steps(self, *a))
+    _fast_against_plain(monkeypatch, config, "UNIFORM_RUNS", "_uniform_run")
+    assert len(stretches) > len(runs_taken) > 0
