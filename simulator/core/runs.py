@@ -132,21 +132,26 @@ class DecodeRuns:
         to each request's ``totals`` (handed to the recorder when it leaves) instead of the recorder's numpy adds:
         integer sums, the same columns (``tests/test_fast_paths.py`` runs both)."""
         ctx0, left, blocks, bs = self.ctx, self.left, self.blocks, self.spec.block_size
-        n = self._bound_by_arrival(n, arrival, self._run_seconds([sum(ctx0)], ks, np.array([ctx0], dtype=np.int64))[0])
-        drawn = self.acceptance.draw_steps(np.array(self.rid, dtype=np.int64), np.array(ks, dtype=np.int64), n)
-        rows = []  # the rows of the steps that run (a run seldom reaches its bound)
+        start, uniform = sum(ctx0), min(ks) == max(ks)
+        # the first step's seconds: one k for everyone, by the step formula's scalar calls (the vectorised form's
+        # number, bit for bit, as every priced step); else the vectorised form of one step
+        first = (self._uniform_pricer(len(ks), ks[0])(start) if uniform else
+                 self._run_seconds([start], ks, np.array([ctx0], dtype=np.int64))[0])
+        n = self._bound_by_arrival(n, arrival, first)
+        drawn = self.acceptance.draw_steps(np.array(self.rid, dtype=np.int64), np.array(ks, dtype=np.int64),
+                                           n).tolist()
         free, emitted = self.free_blocks, [0] * len(ks)  # tokens emitted before step j (uncapped)
-        start = sum(ctx0)
+        # a request holds at least ceil(c / bs) blocks, so a step adds at most (k + bs) // bs to it: the first
+        # ``sure`` steps fit without counting (an exact bound; the blocks are counted once, after the run)
+        sure = free // ((max(ks) + bs) // bs * len(ks))
         reach = [c + k + bs for c, k in zip(ctx0, ks)]  # a request holds (reach + emitted) // bs blocks in a step
-        contexts, grows, before, rows = [], [], [], []  # per step: context total, blocks added, emitted, accepted
+        contexts, before, rows = [], [], []  # per step: context total, emitted before it, accepted
         for j in range(n):
-            grow = sum([m - b for r, e, b in zip(reach, emitted, blocks) if (m := (r + e) // bs) > b])
-            if grow > free:  # this step's blocks do not fit: the run ends before it
-                break
+            if j >= sure and sum([m - b for r, e, b in zip(reach, emitted, blocks) if (m := (r + e) // bs) > b]) > free:
+                break  # this step's blocks do not fit: the run ends before it
             contexts.append(start + sum(emitted))  # sum_i (c_i + e_i): integers
-            grows.append(grow)
             before.append(emitted)
-            accepted = drawn[j].tolist()
+            accepted = drawn[j]
             rows.append(accepted)
             emitted = [e + a + 1 for e, a in zip(emitted, accepted)]
             if min(map(sub, left, emitted)) <= 0:  # someone finishes in this step
@@ -154,14 +159,13 @@ class DecodeRuns:
         if not contexts:
             yield from self._decode_step(ks)  # this step must preempt
             return
-        uniform = min(ks) == max(ks)
         seconds = self._run_seconds(contexts, ks, None if uniform else
                                     np.array(ctx0, dtype=np.int64) + np.array(before, dtype=np.int64))
         clock, n = self._clock(seconds, arrival)
         yield self.env.timeout(clock[n] - self.env.now)
-        self.free_blocks -= grows[n - 1]
         before_last, last = before[n - 1], rows[n - 1]
         self.blocks = [m if (m := (r + e) // bs) > b else b for r, e, b in zip(reach, before_last, blocks)]
+        self.free_blocks -= sum(self.blocks) - sum(blocks)  # the blocks the run's last step added
         done = [min(e + a + 1, t) for e, a, t in zip(before_last, last, left)]  # tokens emitted by the run (capped)
         earlier = n - 1  # steps before the last emitted a + 1 tokens each, a accepted: sum a = before_last - earlier
         for k, e, a, d, totals in zip(ks, before_last, last, done, self.totals):
