@@ -394,28 +394,30 @@ class DecodeRuns:
         several times over. The same steps, times and blocks as :meth:`_decode_run`."""
         now, batch, bs = self.env.now, len(self.rid), self.spec.block_size
         ctx, blocks = self.ctx, self.blocks
+        holding = sum(blocks)
 
         def held(j: int) -> list[int]:
-            """Blocks each request holds during step j (context ctx + j plus the token it verifies)."""
-            return [max(b, (c + j + bs) // bs) for c, b in zip(ctx, blocks)]
+            """Blocks each request holds during step j (context ctx + j plus the token it verifies); max(b, n) written
+            out (a call of max per request costs more than the comparison)."""
+            return [n if (n := (c + j + bs) // bs) > b else b for c, b in zip(ctx, blocks)]
 
         def grow(j: int) -> int:
-            """Blocks the batch adds to hold step j."""
-            return sum(held(j)) - sum(blocks)
+            """Blocks the batch adds to hold step j (probed by the search below when they may not fit)."""
+            return sum(held(j)) - holding
 
         context, ks = sum(ctx), [0] * batch
         n = self._bound_by_arrival(n, arrival, self._run_seconds([context], ks)[0])
         seconds = self._run_seconds(range(context, context + batch * n, batch), ks)
         clock, n = self._clock(seconds, arrival)
         after = held(n - 1)
-        added = sum(after) - sum(blocks)
+        added = sum(after) - holding
         if added > self.free_blocks:  # grow(j) is non-decreasing: keep the steps whose blocks fit
             n = bisect_right(range(n), self.free_blocks, key=grow)
             if n == 0:
                 yield from self._decode_step([0] * batch)  # this step must preempt
                 return
             after = held(n - 1)
-            added = sum(after) - sum(blocks)
+            added = sum(after) - holding
         yield self.env.timeout(clock[n] - now)
         used_before = self.spec.num_gpu_blocks - self.free_blocks
         self.free_blocks -= added
