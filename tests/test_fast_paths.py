@@ -371,3 +371,24 @@ def test_uniform_runs_go_on_past_a_finish(monkeypatch):
     monkeypatch.setattr(DecodeRuns, "_uniform_steps", lambda self, *a: stretches.append(a) or steps(self, *a))
     _fast_against_plain(monkeypatch, config, "UNIFORM_RUNS", "_uniform_run")
     assert len(stretches) > len(runs_taken) > 0
+
+
+@pytest.mark.parametrize("fields", [{"scheduler": "chunked-prefill", "save_steps": True},
+                                    {"policy": "goodput", "scheduler": "chunked-prefill"},  # the memo first
+                                    {"proposer": "ngram", "save_steps": True, "ngram_match_prob": 0.9},
+                                    {"rate": 40.0, "num_gpu_blocks": 600, "save_steps": True},
+                                    {"policy": "test-uneven-stationary", "save_steps": True}])
+def test_uniform_steps_priced_without_a_shape_are_predict_step_seconds(monkeypatch, tmp_path, fields):
+    """runs.UNIFORM_STEPS (a per-step step of one k priced by the scalar formula, or the memo) on and off: the same
+    summaries, request columns and step rows (seconds among them)."""
+    from simulator.core import runs
+
+    if fields.get("policy") == "test-uneven-stationary":
+        (tmp_path / "uneven.py").write_text(STATIONARY)
+        fields = {**fields, "policy_file": str(tmp_path / "uneven.py")}
+    config = SimConfig(**{**dict(profile=PROFILE, policy="fixed-k", rate=8.0, num_requests=300, seed=12), **fields})
+    fast = run_simulation(config)
+    monkeypatch.setattr(runs, "UNIFORM_STEPS", False)
+    plain = run_simulation(config)
+    _assert_same_runs(fast, plain)
+    assert fast.recorder.steps == plain.recorder.steps

@@ -57,6 +57,12 @@ at the end (:meth:`DecodeRuns._uniform_run`), for as many steps as surely fit in
 prices, draws and stopping points as step by step, bit for bit (``tests/test_fast_paths.py``). False: the loop of
 :meth:`DecodeRuns._plain_run`."""
 
+UNIFORM_STEPS = True
+"""Speed shortcut, switched here in one place: a step of the per-step path in which every request proposes the same k
+(``SimulatedEngine._decode_seconds``) is priced by :meth:`DecodeRuns._uniform_pricer` (the step formula's scalar calls
+without a step shape) unless an adaptive policy has just priced it (``step_time.uniform_memo``); the same seconds and
+warnings (``tests/test_fast_paths.py``). False: :func:`policies.step_time.predict_step_seconds`."""
+
 BY_COUNT = True
 """Speed shortcut, switched here in one place: a built-in policy whose proposal is one k for everyone chosen by the
 running count alone (``k_by_count``: no-spec, fixed-k, threshold counting running requests) is asked through that
