@@ -392,3 +392,22 @@ def test_uniform_steps_priced_without_a_shape_are_predict_step_seconds(monkeypat
     plain = run_simulation(config)
     _assert_same_runs(fast, plain)
     assert fast.recorder.steps == plain.recorder.steps
+
+
+NGRAM_RUNS = [{"acceptance_rate": 0.3, "ngram_match_prob": 0.2}, {"acceptance_rate": 0.95, "ngram_match_prob": 0.9},
+              {"ngram_match_prob": 1.0}, {"ngram_match_prob": 0.0},  # every lookup hits; none does
+              {"rate": 40.0, "num_gpu_blocks": 600},  # runs end for want of blocks, preemptions
+              {"acceptance": "beta", "scheduler": "chunked-prefill"},
+              {"policy": "threshold", "policy_params": (("max_batch", 8),), "rate": 12.0},
+              {"rate": 0.5, "num_requests": 60, "k": 2}]
+
+
+@pytest.mark.parametrize("fields", NGRAM_RUNS)
+def test_ngram_runs_are_the_plain_loop(monkeypatch, fields):
+    """runs.NGRAM_RUNS (a one-k policy's uniform runs under n-gram proposals: hits and misses drawn per step, totals
+    from sums at the end) against runs.STEP_RUNS' loop, bit for bit: summaries and request columns."""
+    config = SimConfig(**{**dict(profile=PROFILE, policy="fixed-k", proposer="ngram", rate=8.0, num_requests=300,
+                                 seed=13), **fields})
+    fast, _, _ = _fast_against_plain(monkeypatch, config, "NGRAM_RUNS", "_ngram_steps")
+    if "num_gpu_blocks" in fields:
+        assert fast.summary["preemptions"] > 0

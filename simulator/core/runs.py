@@ -57,6 +57,13 @@ at the end (:meth:`DecodeRuns._uniform_run`), for as many steps as surely fit in
 prices, draws and stopping points as step by step, bit for bit (``tests/test_fast_paths.py``). False: the loop of
 :meth:`DecodeRuns._plain_run`."""
 
+NGRAM_RUNS = True
+"""Speed shortcut, switched here in one place: a :data:`UNIFORM_RUNS` run also takes a stationary one-k policy under
+n-gram proposals (:meth:`DecodeRuns._ngram_steps`): each step's lookups hit or miss as drawn, per step only the tokens
+left, the blocks held and each request's proposed count are kept, and the speculative totals follow at the end from
+integer sums; the same steps, prices, draws and stopping points as step by step (``tests/test_fast_paths.py``). False:
+the loop of :meth:`DecodeRuns._plain_run`."""
+
 UNIFORM_STEPS = True
 """Speed shortcut, switched here in one place: a step of the per-step path in which every request proposes the same k
 (``SimulatedEngine._decode_seconds``) is priced by :meth:`DecodeRuns._uniform_pricer` (the step formula's scalar calls
@@ -285,7 +292,7 @@ class DecodeRuns:
         """Whether :meth:`_uniform_run` may take a stationary policy's proposal ``asked``: one k for everyone, no n-gram
         lookup that can miss (a draft model proposes, or k is 0), and room for at least one step without counting."""
         k = asked[0]
-        return ((self.spec.draft_proposer or not k) and asked.count(k) == len(asked)
+        return ((self.spec.draft_proposer or not k or NGRAM_RUNS) and asked.count(k) == len(asked)
                 and self.free_blocks >= (k + self.spec.block_size) // self.spec.block_size * len(asked))
 
     def _uniform_run(self, asked: list[int]):
@@ -301,7 +308,8 @@ class DecodeRuns:
                    if not self.waiting and self.arrived < len(self.workload) else math.inf)
         clock, steps, most = self.env.now, 0, self.spec.run_steps
         while True:
-            clock, taken = self._uniform_steps(asked, clock, arrival, most - steps)
+            stretch = self._uniform_steps if self.spec.draft_proposer or not asked[0] else self._ngram_steps
+            clock, taken = stretch(asked, clock, arrival, most - steps)
             steps += taken
             if 0 not in self.left or self.waiting or clock >= arrival or steps >= most:
                 break
@@ -360,6 +368,55 @@ class DecodeRuns:
                 totals[1] += e - steps + (1 if a >= t else 0)
                 totals[2] += steps
                 totals[3] += e
+        self.rec.num_steps += steps
+        return clock, steps
+
+    def _ngram_steps(self, asked: list[int], clock: float, arrival: float, most: int) -> tuple[float, int]:
+        """:meth:`_uniform_steps` under n-gram proposals (speed shortcut, switched by :data:`NGRAM_RUNS`): everyone is
+        asked k > 0 and each lookup hits (proposes k) or misses (0) as drawn, in the per-step path's order. Per step the
+        blocks held are the running max of ceil((c + k_i + 1) / bs) (a miss reserves less than the step before), the
+        price is the verification over sum_i (k_i + 1) tokens plus the overhead (no draft passes), and each request's
+        proposed tokens are summed. At the end, with K the asked k: speculative steps = proposed / K; a step without a
+        proposal emits one token, so the speculative steps emitted (tokens emitted) - (steps - speculative steps); and
+        a step's accepted-and-emitted min(a, t) is e - 1 but in a request's last step where a >= t, so their sum is
+        (tokens emitted) - steps + [a >= t in the last step] (a miss accepts 0 = e - 1). Stops as
+        :meth:`_uniform_steps`."""
+        bs, k, batch = self.spec.block_size, asked[0], len(asked)
+        rids, ctx0, left0, blocks0 = self.rid, self.ctx, self.left, self.blocks
+        horizon = min(most, self.free_blocks // ((k + bs) // bs * batch))  # steps that surely fit (with every hit)
+        match, take, draw = self.spec.ngram_match_prob, self._match.take, self.acceptance.draw_list
+        target, overhead = self.cost.target_time, self.cost.overhead_time(batch)
+        context, steps, left, remaining, held, proposed_sum = sum(ctx0), 0, left0, sum(left0), blocks0, [0] * batch
+        while True:
+            proposed = [k if u < match else 0 for u in take(batch)]  # the lookups' hits, as _propose draws them
+            held = [n if (n := (c + t0 - t + q + bs) // bs) > h else h
+                    for c, t0, t, q, h in zip(ctx0, left0, left, proposed, held)]
+            query = sum(proposed) + batch
+            seconds = target(batch, query, context)  # shape_seconds without draft passes
+            seconds += overhead
+            clock += seconds  # as SimPy adds the step's timeout
+            if query > batch:  # someone proposes
+                accepted = draw(rids, proposed)
+                proposed_sum = list(map(add, proposed_sum, proposed))
+                before, left = left, [t - a - 1 if a < t else 0 for a, t in zip(accepted, left)]  # t - min(a + 1, t)
+            else:
+                accepted, before, left = proposed, left, [t - 1 for t in left]
+            steps += 1
+            if 0 in left or clock >= arrival or steps >= horizon:
+                break
+            context, remaining = context + remaining - (now := sum(left)), now
+        emitted = [t0 - t for t0, t in zip(left0, left)]
+        self.ctx = [c + e for c, e in zip(ctx0, emitted)]
+        self.left = left
+        self.blocks = held
+        self.free_blocks -= sum(held) - sum(blocks0)
+        for totals, e, p, a, t in zip(self.totals, emitted, proposed_sum, accepted, before):
+            if p:
+                spec_steps = p // k
+                totals[0] += p
+                totals[1] += e - steps + (1 if a >= t else 0)
+                totals[2] += spec_steps
+                totals[3] += e - steps + spec_steps
         self.rec.num_steps += steps
         return clock, steps
 
