@@ -23,6 +23,10 @@ runs both, bit for bit): :data:`LIST_RUNS` works a stationary run out on plain l
 cut-offs and sums as the numpy form), and :data:`PLAIN_RUNS` runs an adaptive policy that offers a plain-Python
 stepper (``steps_plain``: goodput deciding one k for the batch from one global estimate) several steps per event,
 each step exactly the per-step path's (asked, priced, drawn and told every step), so its results are step by step's.
+:data:`STEP_RUNS` does the same for a stationary policy that learns nothing (n-gram proposals, chunked prefill), and
+within it :data:`UNIFORM_RUNS` (and :data:`NGRAM_RUNS` under n-gram proposals) keep a one-k run lean; outside runs,
+:data:`UNIFORM_STEPS` prices a one-k step without a step shape and :data:`BY_COUNT` asks a one-k policy by the running
+count. Each flag's docstring says what it changes and that ``tests/test_fast_paths.py`` runs it against its twin.
 """
 from __future__ import annotations
 
