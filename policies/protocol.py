@@ -7,7 +7,9 @@ reserve KV room through these functions, so the simulator predicts the engine it
 - :func:`is_speculative`: whether a policy may ever propose (then the draft's memory and prefill count);
 - :func:`lookahead`: the KV slots a decode step may write beyond a request's context;
 - :func:`checked_proposal`: a policy's answer checked, with one message for both engines;
-- :func:`admit_fcfs`: FCFS admission of waiting requests into a prefill step (vLLM v0's prefill-first).
+- :func:`admit_fcfs`: FCFS admission of waiting requests into a prefill step (vLLM v0's prefill-first);
+- :func:`draft_lag`: how many context tokens the draft model has not seen after a decode step (the catch-up its
+  next pass feeds).
 """
 from __future__ import annotations
 
@@ -68,3 +70,18 @@ def admit_fcfs(waiting: deque[int], seats: int, budget: int, tokens_of: Callable
         budget -= tokens
         seats -= 1
     return admitted
+
+
+def draft_lag(lag: int, k: int, accepted: int) -> int:
+    """Tokens of a request's context that its draft model has not seen after a decode step in which it had ``lag``
+    unseen, proposed ``k`` and had ``accepted`` of them accepted (a prefill leaves 1: the first output token).
+
+    The draft's k passes fed it the unseen tokens and proposals 1..k-1. After the step it has not seen the token the
+    target emitted after the accepted ones (the correction, or the bonus) and, when all k were accepted, the last
+    proposal: 1 + [accepted == k]. Without a proposal (k = 0) it saw nothing: one more. The next draft pass feeds
+    them all (:func:`policies.step_time.catchup_step_seconds` prices it). The real engine runs every draft pass over
+    the whole batch, so there a request that proposed 0 beside others that proposed is fed too (lag 1).
+    """
+    if k == 0:
+        return lag + 1
+    return 2 if accepted == k else 1

@@ -7,6 +7,11 @@ For proposal lengths k_i over a batch of B requests with context lengths c_i (to
     verify:  target_time(B, sum_i (k_i + 1), sum_i c_i)
     + overhead_time(B)
 
+with one refinement where the cost model prices it (``prices_catchup``, :func:`catchup_step_seconds`): the
+draft's first pass feeds each request the ``lag_i`` tokens of its context the draft has not seen
+(:func:`policies.protocol.draft_lag`: 1 normally, 2 after a wholly accepted proposal, more after steps without
+speculation), so pass 1 is ``draft_time(n_1, sum (c_i + 1 - lag_i), sum lag_i)`` over the proposing requests.
+
 SmartSpec (Liu et al., arXiv 2406.14066, Sec. 4) costs a batch the same way: sequential draft passes
 plus one verification pass over every proposed and bonus token. All times are seconds.
 
@@ -183,6 +188,23 @@ def uniform_memo(cost_model: StepCosts, batch_size: int, context_tokens: int, k:
             and k < len(seconds) and batch:
         return seconds[k]
     return None
+
+
+def catchup_step_seconds(cost_model: StepCosts, context_lens: list[int], ks: list[int], lags: list[int]) -> float:
+    """:func:`predict_step_seconds` with the draft's first pass priced at its real query length (module docstring):
+    request i (``ks[i]`` > 0) feeds its ``lags[i]`` unseen tokens over the ``c_i + 1 - lags[i]`` the draft holds; in
+    all ``sum lags[i]`` tokens, or ``n_1 max lags[i]`` where the cost model's ``batch_layout`` is ``padded``. For a
+    cost model whose ``prices_catchup`` is true; with every lag 1 it is the plain formula's step."""
+    shape = step_shape(context_lens, ks)
+    drafts = [cost_model.draft_time(seqs, tokens) for seqs, tokens in shape.draft_passes]
+    if drafts:
+        lag = [g for g, k in zip(lags, ks) if k]
+        seqs, tokens = shape.draft_passes[0]
+        # ragged (vLLM): the lags packed; padded (this project's real engine): every sequence fed the longest lag
+        fed = seqs * max(lag) if getattr(cost_model, "batch_layout", "ragged") == "padded" else sum(lag)
+        drafts[0] = cost_model.draft_time(seqs, tokens + seqs - sum(lag), fed)
+    return step_seconds(cost_model.target_time(shape.batch_size, shape.query_tokens, shape.context_tokens),
+                        cost_model.overhead_time(shape.batch_size), drafts)
 
 
 def run_seconds(cost_model: StepCosts, batch_size: int, query_tokens: int, context_tokens: Sequence[int],

@@ -232,9 +232,12 @@ def _roofline(flops: float, bytes_moved: float, gpu: GPU, eff: Efficiency) -> fl
 
 def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_len: int, context_len: int,
               dtype_bytes: int = 2, tp: int = 1, eff: Efficiency = Efficiency(),
-              verification: str = "multi-query", weight_bytes: float | None = None) -> PassCost:
+              verification: str = "multi-query", weight_bytes: float | None = None,
+              all_logits: bool = True) -> PassCost:
     """The roofline seconds of one ``prefill`` or ``decode`` pass (see the module docstring); ``weight_bytes``:
-    bytes per projection weight (weight-only quantization; default ``dtype_bytes``)."""
+    bytes per projection weight (weight-only quantization; default ``dtype_bytes``); ``all_logits``: a decode pass
+    computes the logits of every new token (a verification), else of each sequence's last (a draft pass, whose
+    catch-up feeds several tokens per sequence)."""
     weight_bytes = dtype_bytes if weight_bytes is None else weight_bytes
     if verification not in VERIFICATIONS:
         raise UserError(f"verification must be one of {', '.join(VERIFICATIONS)} (got {verification!r})")
@@ -251,7 +254,7 @@ def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_l
         kv_tokens = context_len + 2 * query_len
     attention = _roofline(4 * tokens * mean_keys * arch.heads * arch.head_dim / tp,
                           batch_size * kv_tokens * kv_width * dtype_bytes, gpu, eff)
-    logit_rows = batch_size if phase == "prefill" else tokens
+    logit_rows = tokens if phase == "decode" and all_logits else batch_size
     head_bytes = (arch.vocab * arch.hidden / tp + logit_rows * arch.vocab / tp + 2 * tokens * arch.hidden) * dtype_bytes
     lm_head = _roofline(2 * logit_rows * arch.hidden * arch.vocab / tp, head_bytes, gpu, eff)
     comm = 0.0
@@ -345,7 +348,8 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
             continue
         arch = archs[point.role]
         cost = pass_cost(arch, gpu, point.phase, point.batch_size, point.query_len, point.context_len,
-                         dtype_bytes, tps[point.role], eff, dep.verification, wbytes[point.role])
+                         dtype_bytes, tps[point.role], eff, dep.verification, wbytes[point.role],
+                         all_logits=point.role == "target")
         rows.append({**point.as_dict(), "seconds": cost.seconds, "num_layers": arch.num_layers})
     frame = pd.DataFrame(rows).sort_values(["role", "phase", "batch_size", "query_len", "context_len"])
     memory = {
@@ -423,7 +427,8 @@ def fit_efficiency(measured: list[tuple[str, str, pd.DataFrame]], gpu_key: str =
         if not (0.05 < x[0] <= 1 and 0.05 < x[1] <= 1 and x[2] >= 0 and x[3] >= 0):
             return 1e9
         eff = efficiency(x)
-        predicted = np.array([pass_cost(a, gpu, ph, b, q, c, 2, 1, eff).seconds for a, ph, b, q, c, _, _ in rows])
+        predicted = np.array([pass_cost(a, gpu, ph, b, q, c, 2, 1, eff, all_logits=":target:" in group).seconds
+                              for a, ph, b, q, c, _, group in rows])
         return float(np.sum(weight * np.log(predicted / seconds) ** 2))
 
     x0 = [start.compute, start.bandwidth, start.overhead_fixed_s * 1e6, start.overhead_per_layer_s * 1e6]

@@ -67,6 +67,8 @@ def build_parser() -> _Parser:
     p.add_argument("--out", help="profile CSV to write (its metadata goes beside it, <stem>.meta.json)")
     p.add_argument("--batch-sizes", help=f"sequences per pass (default {_csv(GPU_GRID.batch_sizes)})")
     p.add_argument("--query-lens", help=f"target verify tokens per sequence, k+1 (default {_csv(GPU_GRID.query_lens)})")
+    p.add_argument("--draft-query-lens", help="draft decode tokens per sequence: 1, and more for the catch-up pass "
+                   "after a wholly accepted proposal or steps without speculation (default 1; --engine: 1,2,3)")
     p.add_argument("--context-lens", help=f"cached tokens per sequence (default {_csv(GPU_GRID.context_lens)})")
     p.add_argument("--prefill-lens", help=f"prompt lengths, 'none': no prefill (default {_csv(GPU_GRID.prefill_lens)})")
     p.add_argument("--max-prefill-tokens", type=int,
@@ -190,7 +192,8 @@ def _grid(args: argparse.Namespace, default: Grid) -> Grid:
                 context_lens=axis("--context-lens", args.context_lens, default.context_lens),
                 prefill_lens=axis("--prefill-lens", args.prefill_lens, default.prefill_lens, allow_empty=True),
                 max_prefill_tokens=default.max_prefill_tokens if args.max_prefill_tokens is None
-                else args.max_prefill_tokens)
+                else args.max_prefill_tokens,
+                draft_query_lens=axis("--draft-query-lens", args.draft_query_lens, default.draft_query_lens))
 
 
 def _timing(args: argparse.Namespace, default: TimingPolicy) -> TimingPolicy:

@@ -12,7 +12,8 @@ masking and padding):
   As in the engine, where requests with prompts of different lengths share a batch, the sequences of a batch
   have unequal lengths, ``c (1 -+ spread)`` (:func:`random_batch`): padding is attended and the attention
   mask materialised, as in the engine's passes (a batch of equal sequences would take a cheaper path);
-- draft decode ``(b, 1, c)``: :meth:`StepRunner.draft_pass`, one token per sequence;
+- draft decode ``(b, q, c)``: :meth:`StepRunner.draft_pass` feeding ``q`` tokens per sequence: 1 for a proposal pass,
+  more for the catch-up pass (the draft's lag, :func:`policies.protocol.draft_lag`; ``Grid.draft_query_lens``);
 - target and draft prefill ``(b, P)``: :meth:`StepRunner.prefill` of ``b`` prompts of ``P`` tokens (one
   pass each, merged into one cache), and for the target the first tokens;
 - target prefill_overhead ``(b)``: the same for a step that prefills ``b`` prompts (its bookkeeping differs);
@@ -59,7 +60,7 @@ from simulator.inputs.workload import Workload
 #: speed changes from one row count to the next (2 rows cost far more than 1), so interpolating between
 #: powers of two misses by 10-30%.
 CPU_GRID = Grid(batch_sizes=(1, 2, 3, 4, 5, 6, 7, 8), query_lens=(1, 2, 3, 4, 5), context_lens=(32, 96, 192),
-                prefill_lens=(32, 64, 128, 192), max_prefill_tokens=768)
+                prefill_lens=(32, 64, 128, 192), max_prefill_tokens=768, draft_query_lens=(1, 2, 3))
 #: Prefill batches of the shipped profile: a prefill is one pass per prompt, so its time is close to linear
 #: in the batch size and a few sizes suffice.
 CPU_PREFILL_BATCH_SIZES = (1, 2, 4, 8)
@@ -149,7 +150,8 @@ def profile_engine(pair: ModelPair, settings: EngineProfileSettings,
     timings: dict[tuple, list[Any]] = {}
 
     keys = [("target", "decode", b, q, c) for b in grid.batch_sizes for c in grid.context_lens for q in grid.query_lens]
-    keys += [("draft", "decode", b, 1, c) for b in grid.batch_sizes for c in grid.context_lens]
+    keys += [("draft", "decode", b, q, c) for b in grid.batch_sizes for c in grid.context_lens
+             for q in grid.draft_query_lens]
     keys += [(role, "prefill", b, p, 0) for b in settings.prefill_batch_sizes for p in grid.prefill_lens
              if grid.max_prefill_tokens is None or b * p <= grid.max_prefill_tokens for role in ("target", "draft")]
     for round_index in range(settings.rounds):
@@ -196,7 +198,7 @@ def point_pass(pair: ModelPair, runner: StepRunner, key: tuple, spread: float, r
     batch = batches[(role, b, c)]
     lengths = batch.lengths()
     if role == "draft":
-        fed, proposing = rng.integers(0, vocab, (b, 1)).tolist(), np.ones(b, dtype=bool)
+        fed, proposing = rng.integers(0, vocab, (b, q)).tolist(), np.ones(b, dtype=bool)
         return lambda: runner.draft_pass(batch, fed, proposing), lambda: batch.truncate(lengths)
     last, proposals = rng.integers(0, vocab, b).tolist(), rng.integers(0, vocab, (b, q - 1)).tolist()
     qs = [np.full((q - 1, vocab), 1.0 / vocab) if runner.temperature > 0 else None] * b
@@ -292,6 +294,7 @@ def _meta(pair: ModelPair, settings: EngineProfileSettings, started: datetime.da
         "device": forward.device_name(device),
         "dtype": {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[pair.target.dtype],
         "forward": settings.forward,
+        "batch_layout": "padded",  # the engine's KV batches pad each pass's new tokens to the longest sequence's
         "cuda_graphs": settings.forward == "optimized" and settings.cuda_graphs and device.type == "cuda",
         "threads": settings.threads if device.type == "cpu" else None,
         "torch_version": torch.__version__,

@@ -62,9 +62,12 @@ class Grid:
     context_lens: tuple[int, ...]
     prefill_lens: tuple[int, ...]
     max_prefill_tokens: int | None = None
+    draft_query_lens: tuple[int, ...] = (1,)
+    """New tokens per sequence of the draft's decode points: 1 (a proposal pass) and, for the catch-up pass that
+    feeds the draft the tokens it has not seen (:func:`policies.protocol.draft_lag`), more."""
 
     def __post_init__(self) -> None:
-        for name in ("batch_sizes", "query_lens", "context_lens", "prefill_lens"):
+        for name in ("batch_sizes", "query_lens", "context_lens", "prefill_lens", "draft_query_lens"):
             values = getattr(self, name)
             flag = "--" + name.replace("_", "-")
             if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
@@ -73,6 +76,9 @@ class Grid:
                 raise UserError(f"{flag}: values must be increasing without repeats (got {','.join(map(str, values))})")
         if not (self.batch_sizes and self.query_lens and self.context_lens):
             raise UserError("grid: --batch-sizes, --query-lens and --context-lens need at least one value each")
+        if self.draft_query_lens[:1] != (1,):
+            raise UserError(f"--draft-query-lens: must start with 1, a proposal pass (got "
+                            f"{','.join(map(str, self.draft_query_lens))})")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
             raise UserError(f"--max-prefill-tokens: must be >= 1 (got {self.max_prefill_tokens})")
 
@@ -86,7 +92,7 @@ class Grid:
             for b in self.batch_sizes:
                 for ctx in self.context_lens:
                     for role in roles:
-                        qs = self.query_lens if role == "target" else (1,)
+                        qs = self.query_lens if role == "target" else self.draft_query_lens
                         levels = {q: max(lb[b], lc[ctx], lq.get(q, 0) if role == "target" else 0) for q in qs}
                         pts = tuple(Point(role, "decode", b, q, ctx) for q in qs if levels[q] == level)
                         if pts:

@@ -195,3 +195,15 @@ def test_model_config_errors_are_one_line(tmp_path):
         assert str(err.value).startswith(message) and "\n" not in str(err.value)
     assert read_model_config("llama-68m", "--draft")[1]["hidden_size"] == 768
     assert Path(read_model_config("llama-68m", "--draft")[0]).name == "llama-68m.json"
+
+
+def test_a_draft_catch_up_pass_computes_only_each_sequences_last_logits():
+    """A draft pass feeding 2 tokens per sequence (the catch-up) reads the same weights and computes the LM head for
+    each sequence's last token only, unlike a verification of 2 tokens; with 1 token per sequence they are one pass."""
+    arch, gpu = Architecture.from_config("llama-68m"), GPUS["h200"]
+    one = pass_cost(arch, gpu, "decode", 8, 1, 512)
+    assert pass_cost(arch, gpu, "decode", 8, 1, 512, all_logits=False).seconds == one.seconds
+    catch_up = pass_cost(arch, gpu, "decode", 8, 2, 512, all_logits=False)
+    verify = pass_cost(arch, gpu, "decode", 8, 2, 512)
+    assert catch_up.lm_head_s == pytest.approx(one.lm_head_s, rel=0.01)  # only the inputs' read is larger
+    assert catch_up.lm_head_s < verify.lm_head_s and catch_up.linear_s == verify.linear_s

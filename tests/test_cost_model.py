@@ -361,7 +361,6 @@ GOOD_ROWS = "target,decode,1,1,128,0.013\ntarget,prefill,1,128,0,0.02\n"
     (CSV_HEADER + GOOD_ROWS + "target,verify,1,1,128,0.01\n", "row 3 phase must be one of prefill, decode"),
     (CSV_HEADER + GOOD_ROWS + "target,decode,1.5,1,128,0.01\n", "row 3 batch_size must be an integer >= 1"),
     (CSV_HEADER + GOOD_ROWS + "target,decode,0,1,128,0.01\n", "row 3 batch_size must be an integer >= 1 (got 0)"),
-    (CSV_HEADER + GOOD_ROWS + "draft,decode,1,3,128,0.01\n", "row 3 query_len must be 1 for a draft decode pass"),
     (CSV_HEADER + GOOD_ROWS + "draft,overhead,1,0,0,0.01\n", "row 3 role must be target for an overhead phase"),
     (CSV_HEADER + GOOD_ROWS + "target,prefill,1,64,64,0.01\n", "row 3 context_len must be 0 for prefill"),
     (CSV_HEADER + "target,decode,1,1,128,0.013\n", "no rows with role target, phase prefill (required)"),
@@ -497,3 +496,26 @@ def _saved(model, folder):
     path = folder / "saved.json"
     model.save(path)
     return path
+
+
+@pytest.mark.parametrize("fitter", ["linear", "interp"])
+def test_draft_rows_of_several_tokens_per_sequence_price_the_catch_up_pass(tmp_path, fitter):
+    """A profile whose draft passes were timed feeding 1, 2 and 3 tokens per sequence prices a pass of any of
+    them (``draft_time(b, context, query_tokens)``) and says so (``prices_catchup``); one timed at 1 token only
+    does not, and a pass of one token per sequence costs the same either way. The batch layout (ragged, padded)
+    is the metadata's, kept through a save."""
+    frame = synthetic_frame()
+    catchup = pd.DataFrame([("draft", "decode", b, q, c) for b in (1, 2, 4, 8, 16, 32, 64) for c in (128, 512, 2048)
+                            for q in (2, 3)], columns=["role", "phase", "batch_size", "query_len", "context_len"])
+    catchup["seconds"] = [truth_seconds(*row) for row in catchup.itertuples(index=False)]
+    plain, both = tmp_path / "plain.csv", tmp_path / "both.csv"
+    write_profile(frame, {"method": "analytical"}, plain)
+    write_profile(pd.concat([frame, catchup]), {"method": "analytical", "batch_layout": "padded"}, both)
+    without, with_ = load_cost_model(plain, fitter), load_cost_model(both, fitter)
+    assert (without.prices_catchup, with_.prices_catchup) == (False, True)
+    assert (without.batch_layout, with_.batch_layout) == ("ragged", "padded")
+    assert with_.draft_time(4, 4 * 512, 4 * 2) == pytest.approx(truth_seconds("draft", "decode", 4, 2, 512))
+    assert with_.draft_time(4, 4 * 512) == with_.draft_time(4, 4 * 512, 4) == \
+        pytest.approx(truth_seconds("draft", "decode", 4, 1, 512))
+    again = load_cost_model(_saved(with_, tmp_path))
+    assert (again.prices_catchup, again.batch_layout) == (True, "padded")

@@ -255,6 +255,37 @@ def test_the_timing_twin_takes_its_acceptances_from_the_model_and_says_tokens_ar
     assert lossless.summary["tokens"] == "lossless" and lossless.summary["acceptance_rate"] < 0.5
 
 
+def test_the_draft_lags_as_the_step_protocol_says(pair, requests):
+    """After every decode step each request's pending tokens (in its context, not yet in the draft cache) number
+    what :func:`policies.protocol.draft_lag` says, the simulator's rule for pricing the catch-up pass: here a
+    threshold policy speculates (k = 3) only while at most 2 requests run, so the lag grows over steps without
+    speculation and is 2 after a wholly accepted proposal."""
+    from policies.protocol import draft_lag
+
+    workload, prompts = requests
+    engine = RealEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=4, max_k=3),
+                        make_policy("threshold", 3, {"max_batch": 2}), COST, np.random.default_rng(0),
+                        acceptance=ConstantAcceptance(0.6, np.random.default_rng(1)))
+    step, verify, lags = engine._decode_step, engine.runner.verify, []
+
+    def verify_seen(kv, last, proposals, q, decided=None):
+        accepted, tokens = verify(kv, last, proposals, q, decided)
+        engine.seen = [len(p) for p in proposals], accepted
+        return accepted, tokens
+
+    def checked_step(*args):
+        before = {rid: len(p) for rid, p in zip(engine.rids, engine.pending)}
+        step(*args)
+        outcome = dict(zip(before, zip(*engine.seen)))
+        for rid, pending in zip(engine.rids, engine.pending):
+            assert len(pending) == draft_lag(before[rid], *outcome[rid])
+            lags.append(len(pending))
+
+    engine.runner.verify, engine._decode_step = verify_seen, checked_step
+    engine.run(workload, prompts)
+    assert {1, 2}.issubset(lags) and max(lags) > 2
+
+
 def test_merge_and_select_keep_every_sequence(pair):
     model = pair.target
     a, b, c = fresh(model, [1, 2, 3, 4, 5]), fresh(model, [6, 7]), fresh(model, [8, 9, 10])

@@ -401,3 +401,41 @@ def test_run_seconds_is_the_step_formula_vectorised_bit_for_bit(ks):
     for draft_cost in (True, False):
         vectorised = run_seconds(model, len(ks), int(k.sum()) + len(ks), steps.sum(axis=1).tolist(), passes, draft_cost)
         assert vectorised == [shape_seconds(model, step_shape(row, k), draft_cost) for row in steps]
+
+
+def test_the_draft_lag_after_a_step_is_what_the_draft_has_not_seen():
+    """After a prefill the draft lags by 1 (the first output token); a step in which the request proposed feeds the
+    lag and leaves the token after the accepted ones, plus the last proposal when all were accepted; a step
+    without a proposal leaves one more."""
+    from policies.protocol import draft_lag
+
+    assert [draft_lag(1, 3, a) for a in range(4)] == [1, 1, 1, 2]
+    assert [draft_lag(lag, 0, 0) for lag in (1, 2, 5)] == [2, 3, 6]
+    assert draft_lag(4, 2, 2) == 2 and draft_lag(4, 2, 1) == 1
+
+
+def test_the_catch_up_pass_is_priced_at_the_draft_lag():
+    """``catchup_step_seconds``: with every lag 1 it is the plain step formula; a lag of 2 prices the first draft
+    pass at its tokens, packed (ragged) or padded to the longest lag (the cost model's batch layout)."""
+    from dataclasses import dataclass
+
+    from policies.step_time import catchup_step_seconds, predict_step_seconds
+
+    @dataclass
+    class Costs:  # seconds = tokens fed, to read the formula off; a draft pass 1e-3 per token
+        batch_layout: str = "ragged"
+
+        def target_time(self, batch_size, query_tokens, context_tokens):
+            return 1.0 * query_tokens
+
+        def draft_time(self, batch_size, context_tokens, query_tokens=None):
+            return 1e-3 * (batch_size if query_tokens is None else query_tokens)
+
+        def overhead_time(self, batch_size):
+            return 0.0
+
+    ctx, ks = [10, 20, 30], [2, 2, 0]
+    assert catchup_step_seconds(Costs(), ctx, ks, [1, 1, 1]) == predict_step_seconds(Costs(), ctx, ks, True)
+    # verify 3 + 3 + 1 tokens; draft pass 1 feeds the two proposing requests' lags (2 + 1 packed, 2 x 2 padded)
+    assert catchup_step_seconds(Costs(), ctx, ks, [2, 1, 7]) == pytest.approx(7 + 3e-3 + 2e-3)
+    assert catchup_step_seconds(Costs("padded"), ctx, ks, [2, 1, 7]) == pytest.approx(7 + 4e-3 + 2e-3)

@@ -269,3 +269,13 @@ def test_cli_bad_input_raises_one_line_user_errors(tmp_path):
         assert str(err.value).startswith(message if message != "--target" else f"{unknown}: model_type is an "
                                                                                 "unknown architecture (got 'mamba')")
         assert "\n" not in str(err.value)
+
+
+def test_a_grid_can_time_the_drafts_catch_up_pass():
+    """``draft_query_lens``: the draft's decode points at several new tokens per sequence (the catch-up pass feeds
+    the tokens the draft has not seen), beside its proposal passes of one; a grid must keep the proposal pass."""
+    grid = Grid(batch_sizes=(1, 4), query_lens=(1, 3), context_lens=(64,), prefill_lens=(), draft_query_lens=(1, 2, 3))
+    draft = [(p.batch_size, p.query_len) for p in grid.points() if p.role == "draft"]
+    assert sorted(draft) == [(1, 1), (1, 2), (1, 3), (4, 1), (4, 2), (4, 3)]
+    with pytest.raises(UserError, match="--draft-query-lens: must start with 1"):
+        Grid(batch_sizes=(1,), query_lens=(1,), context_lens=(64,), prefill_lens=(), draft_query_lens=(2, 3))

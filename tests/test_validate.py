@@ -92,6 +92,20 @@ def test_a_timing_twin_decides_acceptance_alike_in_both_engines(tiny):
         assert run.summary["tokens"].startswith("meaningless") and run.summary["forward"] == "optimized"
 
 
+def test_the_twin_and_its_paired_simulation_meet_the_same_draws(tiny):
+    """Common random numbers: the real twin draws from the acceptance stream of the simulation of the same seed, so
+    on the same batches (one request at a time, in arrival order) fixed k accepts exactly the same tokens in both
+    engines, and the compared simulation is that paired run."""
+    pair, profile, trace = tiny
+    settings = ValidateSettings(pair="tiny", rates=(1e6,), policies=("fixed-k:2",), num_requests=4, output_len=20,
+                                max_num_seqs=1, profile=profile, acceptance_trace=trace, sim_seeds=3, twin=0.5)
+    result = run_validation(pair, settings, log=lambda msg: None)
+    decisions = result.decisions.iloc[0]
+    assert decisions["real_proposed_tokens"] == decisions["sim_proposed_tokens"] > 0
+    assert decisions["real_accepted_tokens"] == decisions["sim_accepted_tokens"]
+    assert result.table["sim_seed_spread"].notna().any()
+
+
 def test_step_parts_price_each_real_step_with_the_cost_model():
     cost = model_from_dict({"target": {"base": 0.01, "per_batched_token": 0.001, "per_context_token": 1e-5},
                             "draft": {"base": 0.002}, "prefill": {"base": 0.1, "per_prompt_token": 0.001},
@@ -134,6 +148,9 @@ def test_the_decision_a_user_makes_is_read_off_the_latency_table():
     choices = policy_choices(pd.DataFrame(rows))
     assert choices[["rate", "best_real", "best_sim", "same_choice"]].values.tolist() == [
         [1.0, "goodput", "goodput", True], [4.0, "fixed-k:3", "goodput", False], [8.0, "no-spec", "goodput", False]]
+    # how clear each real choice was, and what the simulator's pick really cost
+    assert choices["real_margin"].tolist() == pytest.approx([2.0 / 1.5 - 1, 3.8 / 3.5 - 1, 6.5 / 6.0 - 1])
+    assert choices["sim_pick_real_cost"].tolist() == pytest.approx([0.0, 3.8 / 3.5 - 1, 6.5 / 6.0 - 1])
     assert choices["speculation_pays_real"].tolist() == [True, True, False]
     assert crossover(choices, "real") == 8.0 and np.isnan(crossover(choices, "sim"))
     without_baseline = policy_choices(pd.DataFrame([r for r in rows if r["policy"] != "no-spec"]))

@@ -45,7 +45,8 @@ the step is the engine's overhead. :mod:`profiles.engine_profile` times these sa
 (:class:`StepRunner`) to make the cost profile the simulator uses to predict this engine.
 Differences from the simulator's cost formula: a draft pass runs the whole batch even when only the
 requests with k_i >= j need pass j (the same for a uniform k); the first draft pass after a step without
-speculation also feeds the draft the tokens it missed (the simulator charges no draft work for that); and a
+speculation also feeds the draft the tokens it missed (the simulator prices that catch-up where the profile measured
+draft passes of more than one token per sequence, :func:`policies.step_time.catchup_step_seconds`); and a
 decode batch is a padded rectangle, so attention reads the longest request's width for every request (the
 engine profile measures batches of unequal requests for that reason, :mod:`profiles.engine_profile`).
 """
@@ -74,9 +75,10 @@ from simulator.inputs.workload import Workload
 
 #: Extra per-step columns of the engine: tokens in the running requests' contexts before a decode step (the
 #: cost model's ``context_tokens``; 0 for a prefill), the target cache's slots then (batch size x width:
-#: what attention reads, padding and rolled-back slots included), and the step's timed target and draft work
-#: (seconds).
-PART_COLUMNS = ["context_tokens", "cache_slots", "target_seconds", "draft_seconds"]
+#: what attention reads, padding and rolled-back slots included), the step's timed target and draft work
+#: (seconds), and the tokens its first draft pass fed (the catch-up, padded: batch size x the longest lag; 0
+#: without draft passes).
+PART_COLUMNS = ["context_tokens", "cache_slots", "target_seconds", "draft_seconds", "catchup_tokens"]
 
 
 @dataclass(frozen=True)
@@ -409,7 +411,7 @@ class RealEngine:
                 self.rec.finish(rid, now)
         self.rec.step(step_start, now - step_start, "prefill", len(admitted), sum(map(len, prompts)),
                       self._kv_blocks(), len(self.waiting))
-        self.parts.append((0, 0, t1 - t0, t2 - t1))
+        self.parts.append((0, 0, t1 - t0, t2 - t1, 0))
 
     def _propose_k(self, now: float, context: np.ndarray) -> np.ndarray:
         """The policy's k per running request (``context``: tokens in each one's KV cache), checked as the
@@ -446,8 +448,10 @@ class RealEngine:
         t0 = self._now()
         passes = 0
         q: list[np.ndarray | None] = [None] * len(self.rids)
+        catchup = 0
         if self.use_draft and k.any():
             draft_before = self.draft_kv.lengths()
+            catchup = len(self.pending) * max(map(len, self.pending))
             proposals, q, passes = self._draft_proposals(k)
         elif cfg.proposer == "ngram" and k.any():
             proposals = [ngram_proposal(self.prompts[r] + self.outputs[r], int(ki), cfg.ngram_min, cfg.ngram_max)
@@ -459,7 +463,10 @@ class RealEngine:
         decided = None
         if self.acceptance is not None:
             proposed_now = np.array([len(p) for p in proposals], dtype=np.int64)
-            decided = self.acceptance.draw(np.asarray(self.rids, dtype=np.int64), proposed_now)
+            # drawn only when someone proposed, as the simulated engine draws: on the same batches both take the
+            # same draws of one stream (validate's common random numbers)
+            decided = self.acceptance.draw(np.asarray(self.rids, dtype=np.int64), proposed_now) \
+                if proposed_now.any() else proposed_now
         accepted, tokens = self.runner.verify(self.target_kv, last, proposals, q, decided)
         t2 = self._now()
         proposed = np.array([len(p) for p in proposals], dtype=np.int64)
@@ -492,7 +499,7 @@ class RealEngine:
             self.rec.finish(int(rids[i]), now)
         self.rec.step(step_start, now - step_start, "decode", len(rids), 0, self._kv_blocks(), len(self.waiting),
                       proposed, acc, emitted)
-        self.parts.append((int(context.sum()), slots, t2 - t1, t1 - t0))
+        self.parts.append((int(context.sum()), slots, t2 - t1, t1 - t0, catchup))
         self.policy.observe(StepOutcome(now, rids, proposed, acc, now - step_start))
         for i in done:
             self.policy.finish(int(rids[i]))

@@ -11,13 +11,15 @@ tokens each. Each policy serves it twice:
   cost profile (``--profile``, measured by ``run_sim.py profile --engine``; the ``--fitter`` fit) and the
   measured acceptance replayed (``--acceptance-trace``), no KV-block limit (as the engine), averaged over
   ``--sim-seeds`` seeds of the acceptance replay;
-- **simulated, calibrated**: the same with every profile time multiplied by the machine's speed now
-  relative to when the profile was measured (:func:`profiles.engine_profile.machine_speed`, re-timing a few
-  profile points just before the real run): a shared machine's speed drifts by 5-15% over minutes, which
-  is not the simulator's error.
+- **simulated, calibrated**: the same with every profile time multiplied by the machine's speed during the real
+  run relative to when the profile was measured (:func:`profiles.engine_profile.machine_speed`, re-timing a few
+  profile points just before and just after the real run; their geometric mean): a shared machine's speed drifts
+  by 5-15% over minutes, which is not the simulator's error.
 
 Printed: the mean, p50 and p90 of latency, TTFT and TPOT and the throughput (requests/s), real and
-simulated (calibrated), with the relative errors (sim - real) / real and their median absolute value; the
+simulated (calibrated), with the relative errors (sim - real) / real and their median absolute value, the sampling
+noise of each real figure and of each error (bootstrap); per rate the best policy on each side and whether each
+speculative policy beats no-spec on each side (``payoffs.csv``: the crossovers); the
 acceptance rates, real and simulated; then where the time goes: every real step's parts (target prefill +
 draft prefill, draft passes, verification, the rest: overhead) against the cost model's prediction for that
 same step's shape, which tells a cost-model error from a scheduling or acceptance one. Written to ``--out``: ``validate.csv`` (the table), ``parts.csv``,
@@ -25,7 +27,8 @@ each real run's ``requests_*.csv`` and ``steps_*.csv``, and ``validate.png`` (re
 latency and TTFT against the rate, one colour per policy).
 
 ``--pair tiny`` runs random tiny models on random prompts (for tests); it needs ``--profile`` and
-``--acceptance-trace`` made for that pair.
+``--acceptance-trace`` made for that pair. ``--profile-now`` measures the engine profile first, in the same run
+(:func:`profile_now`); ``--preset cpu`` is the CPU validation of the shipped results (:data:`PRESETS`).
 
 **Timing twin** (``--twin RATE``): both engines take their accept/reject decisions from the constant
 acceptance model of per-token rate RATE (:class:`simulator.inputs.acceptance.ConstantAcceptance`) instead of the
@@ -35,13 +38,17 @@ random-weight pairs of any size: ``--pair TARGET+DRAFT`` (model configs, e.g. ``
 profile of that pair (an operator profile of ``run_sim.py profile`` has no per-step overhead rows: the
 simulator then charges none). ``--max-seconds`` starts no new run past that budget (the table says which
 ran). Machine speed is re-measured only against an engine profile (``profile --engine``); otherwise 1.
+The twin's draws are common random numbers: the real run draws from the acceptance stream of the simulation of
+``--seed`` (:func:`simulator.core.runner.random_streams`), and the simulations run step by step as the engine does,
+so on the same batches both engines accept the same tokens and the compared simulated figure is that paired run
+(``--sim-seeds`` more give ``sim_seed_spread``, how much the figure moves with the draws).
 """
 from __future__ import annotations
 
 import argparse
 import tempfile
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +93,8 @@ class ValidateSettings:
     forward: str = "eager"
     cuda_graphs: bool = True
     max_seconds: float | None = None
+    profile_now: bool = False
+    """Measure the engine's profile first, in this run (:func:`profile_now`), and validate against it."""
 
     def __post_init__(self) -> None:
         if self.pair not in PAIRS and "+" not in self.pair:
@@ -103,11 +112,14 @@ class ValidateSettings:
         for name in ("num_requests", "output_len", "max_num_seqs", "max_num_batched_tokens", "sim_seeds", "threads"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')}: must be >= 1 (got {getattr(self, name)})")
-        files = [("--profile", self.profile)] + ([("--acceptance-trace", self.acceptance_trace)] if self.twin is None else [])
+        files = ([] if self.profile_now else [("--profile", self.profile)]) + \
+            ([("--acceptance-trace", self.acceptance_trace)] if self.twin is None else [])
         for flag, path in files:
             if not Path(path).is_file():
                 raise UserError(f"{flag} {path}: no such file")
         meta = meta_path(self.profile)
+        if self.profile_now:
+            return
         measured_for = (read_json(meta).get("engine") or {}).get("pair") if meta.is_file() else None
         if measured_for not in (None, self.pair):
             raise UserError(f"--profile {self.profile}: measured the {measured_for} pair's engine, not the "
@@ -137,6 +149,41 @@ class Validation:
         """Median |relative error| over the latency, TTFT, TPOT and throughput figures."""
         column = "rel_error_calibrated" if calibrated else "rel_error"
         return float(self.table.loc[self.table["metric"].isin(METRICS), column].abs().median())
+
+
+#: ``--preset cpu``: the CPU validation (issue targets: median |error| <= 3%, worst <= 10%, the real engine's best policy
+#: picked at every rate, a crossover among the rates; under 20 minutes on 2 cores). A timing twin of a Llama-architecture
+#: pair sized for a CPU (``profiles/models/cpu-330m.json``: 4 wide layers, 333M parameters; ``cpu-22m.json`` its
+#: 2-layer draft), profiled in the same run. On a CPU a pass's cost grows with its tokens less than in proportion
+#: (a one-token pass is weight-read-bound, a batch of 8 x 4 tokens uses the cores better): speculation at
+#: acceptance 0.6 loses to no speculation for lone requests and pays once batches fill; the rates cover both.
+PRESETS = {"cpu": dict(pair="cpu-330m+cpu-22m", twin=0.6, prompt_len=32, output_len=24, num_requests=24,
+                       rates=(0.3, 0.8, 2.0), policies=("no-spec", "fixed-k:3", "goodput"), k=4, max_num_seqs=8,
+                       sim_seeds=5, profile_now=True)}
+
+
+def profile_now(pair: ModelPair, settings: ValidateSettings, out: Path) -> str:
+    """Measure the engine profile of ``pair`` on this machine now, into ``out/engine_profile.csv``, over the shapes
+    the validation reaches: every batch size up to ``max_num_seqs``, k + 1 up to ``k + 1``, draft catch-ups of 1-3
+    tokens, contexts from the prompt to prompt + output (+ lookahead), prefills of the prompt length and a quarter
+    of it (random prompts of ``--prompt-len``; else the shipped CPU grid). Returns its path."""
+    from profiles.engine_profile import CPU_GRID, EngineProfileSettings, profile_engine
+    from profiles.grid import Grid
+
+    grid = CPU_GRID
+    prefill_batches = (1, 2, 4, 8)
+    if settings.prompt_len is not None:
+        p = settings.prompt_len
+        grid = Grid(batch_sizes=tuple(range(1, settings.max_num_seqs + 1)), query_lens=tuple(range(1, settings.k + 2)),
+                    context_lens=(p, p + settings.output_len + settings.k + 1),
+                    prefill_lens=tuple(sorted({max(1, p // 4), p})),
+                    max_prefill_tokens=None, draft_query_lens=(1, 2, 3))
+        prefill_batches = tuple(sorted({1, 2, 4, settings.max_num_seqs} & set(range(1, settings.max_num_seqs + 1))))
+    path = out / "engine_profile.csv"
+    profile_engine(pair, EngineProfileSettings(out=str(path), grid=grid, prefill_batch_sizes=prefill_batches,
+                                               rounds=5, threads=settings.threads, seed=settings.seed,
+                                               forward=settings.forward, cuda_graphs=settings.cuda_graphs))
+    return str(path)
 
 
 def workloads(settings: ValidateSettings,
@@ -182,7 +229,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     from simulator.costs.cost_model import load_cost_model
     from profiles.engine_profile import machine_speed
     from simulator.costs.profile_table import read_profile
-    from simulator.core.runner import run_simulation
+    from simulator.core.runner import random_streams, run_simulation
     from simulator.studies.specs import parse_policy_spec
     from simulator.inputs.workload import Workload
 
@@ -200,7 +247,10 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
         return EngineConfig.from_sim_config(config, forward=settings.forward, cuda_graphs=settings.cuda_graphs)
 
     def twin(seed: int) -> ConstantAcceptance | None:
-        return None if settings.twin is None else ConstantAcceptance(settings.twin, np.random.default_rng(seed))
+        """The twin's acceptance model on the acceptance stream of the simulation of ``seed``: the real run and the
+        simulation of ``settings.seed`` draw the same accept/reject decisions on the same batches (common random
+        numbers), so that their difference is the timing's, not sampling's."""
+        return None if settings.twin is None else ConstantAcceptance(settings.twin, random_streams(seed)[2])
     scratch = tempfile.TemporaryDirectory(prefix="specsim-validate-")
     specs = [parse_policy_spec(s) for s in settings.policies]
     rows, parts, real, decisions = [], [], {}, []
@@ -222,29 +272,45 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
                 log(f"rate {rate:g} {spec}: not run, past --max-seconds {settings.max_seconds:g}")
                 continue
             k = settings.k if k is None else k
-            speed = machine_speed(pair, table.frame, spread, 0.0, settings.seed,
-                                  table.meta.get("forward") or "eager") if engine_profile else 1.0
+
+            def speed_now() -> float:
+                return machine_speed(pair, table.frame, spread, 0.0, settings.seed,
+                                     table.meta.get("forward") or "eager") if engine_profile else 1.0
+            before = speed_now()
             config = simulation_config(workload, name, k, params, settings.profile, settings.acceptance_trace,
                                        settings.fitter, settings.max_num_seqs, settings.max_num_batched_tokens,
                                        rate=rate, twin=settings.twin)
             engine = RealEngine(pair.target, pair.draft, engine_config(config), make_policy(name, k, dict(params)),
-                                cost, np.random.default_rng(settings.seed), twin(settings.seed + 1))
+                                cost, np.random.default_rng(settings.seed), twin(settings.seed))
             result = engine.run(workload, prompts)
             real[(rate, spec)] = result
+            # the machine's speed over the run: timed just before and just after it (a shared machine drifts)
+            after = speed_now()
+            speed = float(np.sqrt(before * after))
             calibrated = scaled_profile(table, speed, Path(scratch.name) / f"speed{len(rows)}.csv")
-            sim_runs = [run_simulation(config.replace(seed=s, save_steps=True), workload=workload)
-                        for s in range(settings.sim_seeds)]
+            seeds = [settings.seed + s for s in range(settings.sim_seeds)]
+            # step by step: draws consumed as the real engine consumes them (common random numbers, twin())
+            sim_runs = [run_simulation(config.replace(seed=s, save_steps=True), workload=workload, step_by_step=True)
+                        for s in seeds]
+            cal_runs = [run_simulation(config.replace(seed=s, profile=calibrated, policy_profile=settings.profile),
+                                       workload=workload, step_by_step=True) for s in seeds]
+            sims_cal = [r.summary for r in cal_runs]
+            seed_spread = {metric: (max(x[metric] for x in sims_cal) - min(x[metric] for x in sims_cal)) / 2
+                           for metric in METRICS}
             sims = [r.summary for r in sim_runs]
-            sims_cal = [run_simulation(config.replace(seed=s, profile=calibrated, policy_profile=settings.profile),
-                                       workload=workload).summary for s in range(settings.sim_seeds)]
+            if settings.twin is not None:  # compared: the simulation that met the real run's draws (twin())
+                sim_runs, sims, sims_cal = sim_runs[:1], sims[:1], sims_cal[:1]
             noise = bootstrap_noise(result.requests, settings.seed)
+            error_noise = bootstrap_noise(result.requests, settings.seed, paired=cal_runs[0].requests)
             for metric in METRICS + ["acceptance_rate"]:
                 r = float(result.summary[metric])
                 s, c = (float(np.mean([x[metric] for x in runs_])) for runs_ in (sims, sims_cal))
                 rows.append({"rate": rate, "policy": spec, "metric": metric, "real": r, "sim": s,
                              "rel_error": (s - r) / r if r else np.nan, "sim_calibrated": c,
                              "rel_error_calibrated": (c - r) / r if r else np.nan, "speed": speed,
-                             "real_noise": noise.get(metric, np.nan)})
+                             "real_noise": noise.get(metric, np.nan), "error_noise": error_noise.get(metric, np.nan),
+                             "speed_before": before, "speed_after": after,
+                             "sim_seed_spread": seed_spread[metric] / r if r and metric in seed_spread else np.nan})
             decisions.append({"rate": rate, "policy": spec,
                               **{f"real_{key}": value for key, value in decision_figures(result.steps).items()},
                               **{f"sim_{key}": value for key, value in pd.DataFrame(
@@ -281,20 +347,32 @@ def reference_seconds(pair: ModelPair, settings: ValidateSettings, repeats: int 
     return float(np.median(seconds[1:]))
 
 
-def bootstrap_noise(requests: pd.DataFrame, seed: int, draws: int = 400) -> dict[str, float]:
+def bootstrap_noise(requests: pd.DataFrame, seed: int, draws: int = 400,
+                    paired: pd.DataFrame | None = None) -> dict[str, float]:
     """Sampling noise of a real run's per-request figures: half the width of the 95% bootstrap interval of the
-    mean, p50 and p90 of latency, TTFT and TPOT (requests resampled with replacement), relative to the figure."""
+    mean, p50 and p90 of latency, TTFT and TPOT (requests resampled with replacement), relative to the figure.
+
+    ``paired`` (the simulated run's per-request frame, the same requests in the same order): the noise of the relative
+    error (sim - real) / real instead, each draw resampling the same requests on both sides: how precisely the
+    requests served pin the error down (with common random numbers far tighter than the figures' own noise)."""
     rng = np.random.default_rng(seed)
     index = rng.integers(0, len(requests), (draws, len(requests)))
     out = {}
     for column in ("latency", "ttft", "tpot"):
         values = requests[column].to_numpy(dtype=float)
-        samples = values[index]
+        other = None if paired is None else paired[column].to_numpy(dtype=float)
         for name, stat in (("mean", lambda a: a.mean(axis=1)), ("p50", lambda a: np.percentile(a, 50, axis=1)),
                            ("p90", lambda a: np.percentile(a, 90, axis=1))):
             figure = float(stat(values[None, :])[0])
-            lo, hi = np.percentile(stat(samples), [2.5, 97.5])
-            out[f"{name}_{column}"] = float((hi - lo) / 2 / figure) if figure else float("nan")
+            if not figure:
+                out[f"{name}_{column}"] = float("nan")
+                continue
+            if other is None:
+                lo, hi = np.percentile(stat(values[index]), [2.5, 97.5])
+                out[f"{name}_{column}"] = float((hi - lo) / 2 / figure)
+            else:
+                lo, hi = np.percentile(stat(other[index]) / stat(values[index]) - 1, [2.5, 97.5])
+                out[f"{name}_{column}"] = float((hi - lo) / 2)
     return out
 
 
@@ -313,7 +391,9 @@ def decision_figures(steps: pd.DataFrame) -> dict[str, float]:
 
 def policy_choices(table: pd.DataFrame) -> pd.DataFrame:
     """Per rate: the policy of lowest mean latency, real and simulated, whether they agree, and whether
-    speculation pays (a speculative policy beats no-spec; needs no-spec among the policies)."""
+    speculation pays (a speculative policy beats no-spec; needs no-spec among the policies); ``real_margin``: how
+    much slower the real runner-up was than the real best (relative); ``sim_pick_real_cost``: how much slower the
+    simulator's pick really was than the real best (0 when they agree)."""
     latency = table[table["metric"] == "mean_latency"]
     rows = []
     for rate, part in latency.groupby("rate"):
@@ -327,8 +407,30 @@ def policy_choices(table: pd.DataFrame) -> pd.DataFrame:
             row[f"speculation_pays_{side}"] = bool(spec[side].min() < plain[side].iloc[0]) \
                 if len(plain) and len(spec) else None
         row["same_choice"] = row["best_real"] == row["best_sim"]
+        real = part.set_index("policy")["real"].sort_values()
+        # how clear the real engine's choice was, and what the simulator's pick costs really
+        row["real_margin"] = float(real.iloc[1] / real.iloc[0] - 1) if len(real) > 1 else float("nan")
+        row["sim_pick_real_cost"] = float(real[row["best_sim"]] / real.iloc[0] - 1)
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def policy_payoffs(table: pd.DataFrame) -> pd.DataFrame:
+    """Per rate and speculative policy: its mean latency over no-spec's, real and simulated (below 1: speculating
+    that way pays), and whether the two sides agree on it paying. Where a policy's payoff changes sign between rates
+    is its crossover (needs no-spec among the policies; empty otherwise)."""
+    latency = table[table["metric"] == "mean_latency"]
+    rows = []
+    for rate, part in latency.groupby("rate"):
+        plain = part[part["policy"] == "no-spec"]
+        for row in part[part["policy"] != "no-spec"].itertuples():
+            if len(plain):
+                real, sim = row.real / plain["real"].iloc[0], row.sim / plain["sim"].iloc[0]
+                rows.append({"rate": rate, "policy": row.policy, "real_vs_no_spec": real, "sim_vs_no_spec": sim,
+                             "pays_real": bool(real < 1), "pays_sim": bool(sim < 1),
+                             "same_call": bool((real < 1) == (sim < 1))})
+    return pd.DataFrame(rows, columns=["rate", "policy", "real_vs_no_spec", "sim_vs_no_spec", "pays_real", "pays_sim",
+                                       "same_call"])
 
 
 def crossover(choices: pd.DataFrame, side: str) -> float:
@@ -377,7 +479,8 @@ def step_parts(steps: pd.DataFrame, cost: typing.Any) -> pd.DataFrame:
     The prediction prices each real step's own shape: a prefill of ``batch_size`` prompts of
     ``prefill_tokens`` tokens (target and draft), a decode step of ``batch_size`` requests over
     ``context_tokens`` verifying ``proposed + batch_size`` tokens after ``k_max`` draft passes over the whole
-    batch (the engine's passes); overhead = ``overhead_time(batch_size)`` per step.
+    batch (the engine's passes), the first feeding ``catchup_tokens`` where the cost model prices a catch-up;
+    overhead = ``overhead_time(batch_size)`` per step.
     """
     speculative = steps["proposed"].sum() > 0 or (steps["draft_seconds"][steps["kind"] == "prefill"] > 0).any()
     measured = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "overhead": 0.0}
@@ -393,7 +496,10 @@ def step_parts(steps: pd.DataFrame, cost: typing.Any) -> pd.DataFrame:
             measured["draft"] += s.draft_seconds
             measured["verify"] += s.target_seconds
             predicted["verify"] += cost.target_time(b, int(s.proposed) + b, int(s.context_tokens))
-            predicted["draft"] += sum(cost.draft_time(b, int(s.context_tokens) + b * j) for j in range(int(s.k_max)))
+            passes = [cost.draft_time(b, int(s.context_tokens) + b * j) for j in range(int(s.k_max))]
+            if passes and cost.prices_catchup and s.catchup_tokens > b:  # the first pass fed the draft's lag
+                passes[0] = cost.draft_time(b, int(s.context_tokens), int(s.catchup_tokens))
+            predicted["draft"] += sum(passes)
         measured["overhead"] += s.seconds - s.target_seconds - s.draft_seconds
         predicted["overhead"] += cost.prefill_overhead_time(b) if s.kind == "prefill" else cost.overhead_time(b)
     rows = [{"part": p, "measured": measured[p], "predicted": predicted[p]} for p in measured]
@@ -489,6 +595,12 @@ def build_parser() -> _Parser:
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="optimized forward without CUDA graphs")
     p.add_argument("--max-seconds", type=float, help="start no new run after this many seconds")
+    p.add_argument("--profile-now", action="store_true",
+                   help="measure the engine's profile first, in this run, into OUT/engine_profile.csv, and validate "
+                        "against it (--profile is then unused)")
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="named defaults for every flag not given; cpu: the CPU timing-twin validation "
+                        f"({', '.join(f'{k}={v}' for k, v in PRESETS['cpu'].items())})")
     p.add_argument("--out", default="results/validate", help="output folder")
     return p
 
@@ -498,7 +610,13 @@ def main(argv: list[str]) -> int:
     from simulator.results import check_out_dir
     from simulator.studies.specs import parse_policy_list
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.preset is not None:  # the preset's values for every flag not given
+        preset = {key: ",".join(map(str, value)) if isinstance(value, tuple) else value
+                  for key, value in PRESETS[args.preset].items()}
+        parser.set_defaults(**preset)
+        args = parser.parse_args(argv)
     check_out_dir(args.out)  # before the long runs: --out "" or a file is found now
     settings = ValidateSettings(pair=args.pair, rates=_floats("--rates", args.rates),
                                 policies=tuple(parse_policy_list("--policies", args.policies)),
@@ -508,16 +626,20 @@ def main(argv: list[str]) -> int:
                                 fitter=args.fitter, acceptance_trace=args.acceptance_trace, sim_seeds=args.sim_seeds,
                                 threads=args.threads, seed=args.seed, draft_path=args.draft_path, twin=args.twin,
                                 prompt_len=args.prompt_len, device=args.device, dtype=args.dtype, forward=args.forward,
-                                cuda_graphs=args.cuda_graphs, max_seconds=args.max_seconds)
+                                cuda_graphs=args.cuda_graphs, max_seconds=args.max_seconds,
+                                profile_now=args.profile_now)
     from profiles.models import forward
     from profiles.models.pairs import load_pair
     from simulator.results import write_csv, write_json
 
     device = forward.setup_device(settings.device, settings.threads if settings.device == "cpu" else None)
     pair = load_pair(settings.pair, settings.draft_path, device=device, dtype=settings.dtype)
-    result = run_validation(pair, settings)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if settings.profile_now:
+        print(f"profiling the {settings.pair} engine on this machine first: {out}/engine_profile.csv")
+        settings = replace(settings, profile=profile_now(pair, settings, out))
+    result = run_validation(pair, settings)
     for (rate, policy), run in result.real.items():
         tag = f"rate{rate:g}_{policy.replace(':', '').replace('/', '_')}"
         write_csv(out / f"requests_{tag}.csv", run.requests)
@@ -536,13 +658,19 @@ def main(argv: list[str]) -> int:
           f"{result.median_abs_error():.1%} as profiled, {result.median_abs_error(calibrated=True):.1%} calibrated "
           f"(machine speed {result.parts['speed'].min():.3f}..{result.parts['speed'].max():.3f} x the profile's)")
     worst = result.table.loc[result.table["metric"].isin(METRICS), "rel_error_calibrated"].abs().max()
-    noise = result.table.loc[result.table["metric"].isin(METRICS), "real_noise"].median()
-    print(f"worst |relative error| {worst:.1%} calibrated; sampling noise of the real figures (95% bootstrap "
-          f"half-width, median over figures) {noise:.1%}; machine drift over the run "
+    figures = result.table[result.table["metric"].isin(METRICS)]
+    print(f"worst |relative error| {worst:.1%} calibrated; sampling noise (95% bootstrap half-width, median over "
+          f"figures): of the real figures {figures['real_noise'].median():.1%}, of the errors (requests resampled "
+          f"alike on both sides) {figures['error_noise'].median():.1%}; machine drift over the run "
           f"{result.drift['after_over_before']:.3f}x (reference pass before/after)")
     print(f"\nthe decision, per rate (lowest mean latency):\n{choices.to_string(index=False)}")
     print(f"speculation stops paying at: real {crossover(choices, 'real'):g} req/s, simulated "
           f"{crossover(choices, 'sim'):g} req/s (nan: pays at every validated rate)")
+    payoffs = policy_payoffs(result.table)
+    write_csv(out / "payoffs.csv", payoffs)
+    if len(payoffs):
+        print(f"\neach speculative policy against no-spec (mean latency ratio; below 1 it pays):\n"
+              f"{payoffs.to_string(index=False, float_format='{:.3f}'.format)}")
     shown = [c for c in result.decisions.columns if c.split("_", 1)[-1] in
              ("acceptance_rate", "mean_k", "proposed_tokens", "decode_steps")]
     print(f"\nhow each policy decided, real and simulated:\n"

@@ -102,11 +102,19 @@ def check_costs(config: SimConfig, cost: Any, flag: str, speculative: bool) -> N
                         "coefficients?); simulated time would never advance")
 
 
-def run_simulation(config: SimConfig, workload: Workload | None = None) -> SimResult:
-    """Run one simulation. ``workload`` overrides the one the config describes (e.g. the real engine's)."""
+def random_streams(seed: int) -> list[np.random.Generator]:
+    """The run's generators of arrivals, lengths, acceptance and the n-gram lookup (module docstring). The real
+    engine's timing twin draws from a run's acceptance stream to meet the same draws (common random numbers)."""
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)]
+
+
+def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_step: bool = False) -> SimResult:
+    """Run one simulation. ``workload`` overrides the one the config describes (e.g. the real engine's).
+    ``step_by_step``: one SimPy event per decode step, no runs of steps (:mod:`simulator.core.runs`): a run draws
+    its steps' acceptances before it knows where it ends, so the acceptance stream is consumed as a real engine
+    consumes it only step by step (validate's common random numbers need that; the results are equally valid)."""
     wall = time.perf_counter()
-    arrival_rng, length_rng, acceptance_rng, ngram_rng = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(4))
+    arrival_rng, length_rng, acceptance_rng, ngram_rng = random_streams(config.seed)
     if workload is None:
         workload = build_workload(config, arrival_rng, length_rng)
     cost = load_cost_model(config.profile, config.fitter)
@@ -141,6 +149,7 @@ def run_simulation(config: SimConfig, workload: Workload | None = None) -> SimRe
         ngram_match_prob=config.ngram_match_prob,
         speculative=speculative,
         strict_fit=config.strict_fit,
+        **({"run_steps": 1} if step_by_step else {}),
     )
     recorder = Recorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens, config.save_steps)
     env = simpy.Environment()

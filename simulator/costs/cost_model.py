@@ -51,7 +51,7 @@ import numpy as np
 from simulator.costs import profile_table
 from simulator.config import FITTERS
 from policies.errors import UserError
-from simulator.costs.profile_table import (VERIFICATIONS, Memory, ProfileTable, meta_path, read_json, read_profile,
+from simulator.costs.profile_table import (BATCH_LAYOUTS, VERIFICATIONS, Memory, ProfileTable, meta_path, read_json, read_profile,
                                            write_atomic)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -79,7 +79,7 @@ KIND = {"target": "decode", "draft": "decode", "prefill": "prefill", "draft_pref
 #: Profile columns holding each natural axis (a prefill row's prompt length is its query_len).
 PROFILE_COLUMNS = {kind: ("batch_size", "query_len", "context_len")[:len(axes)] for kind, axes in AXES.items()}
 REQUIRED_BLOCKS = ("target", "prefill")
-OTHER_KEYS = ("method", "source", "memory", "fit_error", "grid", "interp", "verification")
+OTHER_KEYS = ("method", "source", "memory", "fit_error", "grid", "interp", "verification", "batch_layout")
 #: A query beyond this multiple of the grid's largest batch size or per-sequence length warns.
 FAR = 2.0
 REPORT_COLUMNS = ["role", "phase", "n_train", "n_test", "mean_rel_error", "max_rel_error"]
@@ -109,6 +109,9 @@ class CostModel:
 
     method: str
     verification: str = VERIFICATIONS[0]
+    batch_layout: str = BATCH_LAYOUTS[0]
+    """``ragged`` or ``padded``: how the modelled engine lays out a catch-up pass's unequal new tokens
+    (:mod:`simulator.costs.profile_table`); :func:`policies.step_time.catchup_step_seconds` reads it."""
     source: str
     path: str
     memory: Memory | None
@@ -119,9 +122,17 @@ class CostModel:
         ``query_tokens`` = sum_i (k_i + 1), ``context_tokens`` = sum_i of KV tokens before the step."""
         raise NotImplementedError
 
-    def draft_time(self, batch_size: int, context_tokens: int) -> float:
-        """Seconds of one draft decode pass: one token for each of ``batch_size`` sequences."""
+    def draft_time(self, batch_size: int, context_tokens: int, query_tokens: int | None = None) -> float:
+        """Seconds of one draft decode pass over ``batch_size`` sequences holding ``context_tokens`` KV tokens in
+        all: one new token each (``query_tokens`` None), or ``query_tokens`` in all (a catch-up pass that feeds
+        the draft tokens it has not seen, :func:`policies.step_time.catchup_step_seconds`)."""
         raise NotImplementedError
+
+    @property
+    def prices_catchup(self) -> bool:
+        """Whether the draft's passes were profiled at more than one new token per sequence, so that a catch-up
+        pass has a measured price (False: the simulator prices every draft pass at one token per sequence)."""
+        return False
 
     def target_times(self, batch_size: int, query_tokens: int, context_tokens: Sequence[int]) -> list[float]:
         """:meth:`target_time` for each of ``context_tokens`` (one per step of a run of the same batch). Each
@@ -182,8 +193,10 @@ class LinearCostModel(CostModel):
 
     def __init__(self, coefficients: Coefficients, *, method: str, source: str, path: str,
                  memory: Memory | None = None, grid: Grid | None = None,
-                 fit_error: list[dict] | None = None, verification: str = VERIFICATIONS[0]) -> None:
+                 fit_error: list[dict] | None = None, verification: str = VERIFICATIONS[0],
+                 batch_layout: str = BATCH_LAYOUTS[0]) -> None:
         self.method, self.source, self.path, self.verification = method, source, path, verification
+        self.batch_layout = batch_layout
         self.memory, self.fit_error = memory, fit_error
         self._coef = dict(coefficients)
         self._grid = dict(grid or {})
@@ -196,10 +209,15 @@ class LinearCostModel(CostModel):
         self._check_far("target", batch_size, context_tokens)
         return self._decode("target", batch_size, query_tokens, context_tokens)
 
-    def draft_time(self, batch_size: int, context_tokens: int) -> float:
+    def draft_time(self, batch_size: int, context_tokens: int, query_tokens: int | None = None) -> float:
         self._check_draft()
         self._check_far("draft", batch_size, context_tokens)
-        return self._decode("draft", batch_size, batch_size, context_tokens)
+        return self._decode("draft", batch_size, batch_size if query_tokens is None else query_tokens, context_tokens)
+
+    @property
+    def prices_catchup(self) -> bool:
+        nodes = self._grid.get("draft")
+        return nodes is not None and len(nodes[1]) > 1  # more than one query length per sequence measured
 
     def target_times(self, batch_size: int, query_tokens: int, context_tokens: Sequence[int]) -> list[float]:
         self._check_far("target", batch_size, max(context_tokens))
@@ -298,7 +316,8 @@ class LinearCostModel(CostModel):
 
     # -- serialisation -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"method": self.method, "verification": self.verification, "source": self.source}
+        out: dict[str, Any] = {"method": self.method, "verification": self.verification,
+                               "batch_layout": self.batch_layout, "source": self.source}
         for block, values in self._coef.items():
             out[block] = dict(zip(COEFFICIENTS[KIND[block]], values))
         if self.memory is not None:
@@ -409,7 +428,7 @@ def fit_cost_model(table: ProfileTable, fitter: str = "linear",
             grid[block] = tuple(tuple(float(v) for v in np.unique(a)) for a in x)
             points[block] = rows
     common = dict(method=table.method_label, source=table.path, path=table.path, memory=table.memory, grid=grid,
-                  fit_error=fit_error, verification=table.verification)
+                  fit_error=fit_error, verification=table.verification, batch_layout=table.batch_layout)
     if fitter == "linear":
         return LinearCostModel(coefficients, **common)
     tables = {block: _fill_table(KIND[block], rows, grid[block], coefficients[block])
@@ -536,7 +555,7 @@ def fit_report(table: ProfileTable, fitter: str, holdout: float = 0.2, seed: int
 def predict_row(model: CostModel, role: str, phase: str, b: int, q: int, c: int) -> float:
     """The model's seconds for one profile row (natural coordinates -> the interface's totals)."""
     if phase == "decode":
-        return model.target_time(b, b * q, b * c) if role == "target" else model.draft_time(b, b * c)
+        return model.target_time(b, b * q, b * c) if role == "target" else model.draft_time(b, b * c, b * q)
     if phase == "prefill":
         return model.prefill_time(b, b * q, role)
     if phase == "prefill_overhead":
@@ -614,7 +633,7 @@ def model_from_dict(data: Any, path: str) -> CostModel:
     Blocks ``target`` and ``prefill`` are required; ``draft``, ``draft_prefill`` and ``overhead`` are
     optional (see :class:`LinearCostModel`); a missing coefficient is 0. Also optional: ``method``
     (default ``hand-written``; a measured one may name its forward path: ``measured, optimized``),
-    ``verification`` (default ``multi-query``), ``source`` (default ``path``), ``memory``, ``fit_error``, and for
+    ``verification`` (default ``multi-query``), ``batch_layout`` (default ``ragged``), ``source`` (default ``path``), ``memory``, ``fit_error``, and for
     fitted models ``grid`` (measured axis values) and ``interp`` (seconds at every grid node).
     """
     if not isinstance(data, dict):
@@ -632,6 +651,9 @@ def model_from_dict(data: Any, path: str) -> CostModel:
     verification = data.get("verification", VERIFICATIONS[0])
     if verification not in VERIFICATIONS:
         raise UserError(f"{path}: verification must be one of {', '.join(VERIFICATIONS)} (got {verification!r})")
+    batch_layout = data.get("batch_layout", BATCH_LAYOUTS[0])
+    if batch_layout not in BATCH_LAYOUTS:
+        raise UserError(f"{path}: batch_layout must be one of {', '.join(BATCH_LAYOUTS)} (got {batch_layout!r})")
     source = data.get("source", path)
     if not isinstance(source, str):
         raise UserError(f"{path}: source must be a string (got {source!r})")
@@ -641,7 +663,7 @@ def model_from_dict(data: Any, path: str) -> CostModel:
     memory = Memory.from_dict(data["memory"], f"{path}: memory") if "memory" in data else None
     grid = _grid(data.get("grid", {}), coefficients, path)
     common = dict(method=method, source=source, path=path, memory=memory, grid=grid, fit_error=fit_error,
-                  verification=verification)
+                  verification=verification, batch_layout=batch_layout)
     if "interp" not in data:
         return LinearCostModel(coefficients, **common)
     return InterpCostModel(coefficients, tables=_tables(data["interp"], grid, path), **common)

@@ -10,7 +10,8 @@ Required columns (units: sequences, tokens, seconds):
   ``query_len`` and ``context_len`` are ignored);
 - ``batch_size``: sequences in the pass (>= 1);
 - ``query_len``: new tokens per sequence: the prompt length for prefill, k + 1 for a target
-  decode/verification pass, 1 for a draft decode pass;
+  decode/verification pass, 1 for a draft decode pass that proposes (more for the pass that first feeds the draft
+  the tokens it has not seen: the catch-up, :func:`policies.step_time.catchup_step_seconds`);
 - ``context_len``: tokens already in each sequence's KV cache before the pass (0 for prefill);
 - ``seconds``: median wall seconds of one forward pass (> 0).
 
@@ -18,7 +19,10 @@ Optional numeric columns: ``seconds_p10``, ``seconds_p90``, ``repeats``, ``num_l
 kept and ignored. The metadata is free-form JSON (device, dtype, versions, date, grid, ...) except
 ``method`` (``measured`` or ``analytical``; default ``measured``), ``memory`` (see :class:`Memory`),
 ``verification`` (how the profiled engine verifies k + 1 tokens of a sequence, :data:`VERIFICATIONS`) and
-``forward`` (a measured profile's forward path: ``eager``, Hugging Face as is, or ``optimized``).
+``forward`` (a measured profile's forward path: ``eager``, Hugging Face as is, or ``optimized``) and
+``batch_layout`` (:data:`BATCH_LAYOUTS`: how the profiled engine lays out sequences that feed different numbers of
+new tokens in one pass: ``ragged``, packed one after another as vLLM does, the default; or ``padded`` to the
+longest, as this project's real engine does; the simulator reads it to price the draft's catch-up pass).
 
 Verification pricing is a property of the modelled engine (DESIGN.md): ``multi-query`` (the sequence's
 k + 1 tokens are queries of one attention call that reads its KV cache once; vLLM v1, SGLang, TensorRT-LLM,
@@ -50,6 +54,9 @@ OPTIONAL_COLUMNS = ("seconds_p10", "seconds_p90", "repeats", "num_layers")
 TABLE_METHODS = ("measured", "analytical")
 #: How an engine verifies the k + 1 tokens of a sequence (module docstring); the first is the default.
 VERIFICATIONS = ("multi-query", "batch-expansion")
+#: How an engine lays out a pass's unequal numbers of new tokens per sequence (module docstring); the first is the
+#: default.
+BATCH_LAYOUTS = ("ragged", "padded")
 #: Forward paths of a measured profile (``forward`` in the metadata; absent: ``eager``).
 FORWARDS = {"eager": "HF eager", "optimized": "optimized"}
 
@@ -127,6 +134,11 @@ class ProfileTable:
         return self.meta.get("verification", VERIFICATIONS[0])
 
     @property
+    def batch_layout(self) -> str:
+        """``ragged`` or ``padded`` (from the metadata; ``ragged`` when it does not say)."""
+        return self.meta.get("batch_layout", BATCH_LAYOUTS[0])
+
+    @property
     def memory(self) -> Memory | None:
         """The metadata's memory figures, or ``None``."""
         if "memory" not in self.meta:
@@ -198,8 +210,6 @@ def validate_frame(frame: pd.DataFrame, where: str) -> pd.DataFrame:
     _rule(out, ~overhead & (out["query_len"] < 1), where, "query_len", "must be >= 1")
     _rule(out, (out["phase"] == "prefill") & (out["context_len"] != 0), where, "context_len",
           "must be 0 for prefill (prefill over a cached prefix is not modelled)")
-    _rule(out, (out["role"] == "draft") & (out["phase"] == "decode") & (out["query_len"] != 1), where,
-          "query_len", "must be 1 for a draft decode pass")
     return out
 
 
@@ -229,6 +239,9 @@ def _check_meta(meta: Any, where: str) -> None:
     if meta.get("verification", VERIFICATIONS[0]) not in VERIFICATIONS:
         raise UserError(f"{where}: verification must be one of {', '.join(VERIFICATIONS)} "
                         f"(got {meta['verification']!r})")
+    if meta.get("batch_layout", BATCH_LAYOUTS[0]) not in BATCH_LAYOUTS:
+        raise UserError(f"{where}: batch_layout must be one of {', '.join(BATCH_LAYOUTS)} "
+                        f"(got {meta['batch_layout']!r})")
     if "memory" in meta:
         Memory.from_dict(meta["memory"], f"{where}: memory")
 
