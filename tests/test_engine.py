@@ -301,3 +301,27 @@ def run_engine_with_cost(cost, policy: str, run_steps: int = 64):
     env.run()
     assert rec.finished == 40
     return rec
+
+
+@pytest.mark.parametrize("catch_up_rows", [True, False])
+def test_the_drafts_catch_up_pass_is_priced_where_the_profile_measured_it(tmp_path, catch_up_rows):
+    """Every proposal accepted (k = 2): after the first speculative step the draft has not seen 2 tokens of each
+    request (its last proposal and the bonus), so the next step's first draft pass feeds 2 per sequence. A profile
+    that timed draft passes of 2-3 tokens per sequence prices that (seconds = 1 ms per draft token, 10 ms per
+    verified token); one that timed only 1 token per sequence prices every draft pass at one, as before."""
+    from simulator.costs.profile_table import write_profile
+
+    rows = [("target", "decode", b, q, c, 0.01 * b * q) for b in (1, 2, 4) for q in (1, 2, 3, 4) for c in (16, 256)]
+    rows += [("draft", "decode", b, q, c, 0.001 * b * q) for b in (1, 2, 4) for q in ((1, 2, 3) if catch_up_rows
+                                                                                      else (1,)) for c in (16, 256)]
+    rows += [(role, "prefill", b, p, 0, 0.001 * b * p) for role in ("target", "draft") for b in (1, 2, 4)
+             for p in (8, 16, 32)]
+    profile = tmp_path / "catch_up.csv"
+    write_profile(pd.DataFrame(rows, columns=["role", "phase", "batch_size", "query_len", "context_len", "seconds"]),
+                  {"method": "analytical"}, profile)
+    result = run(str(profile), fixed_workload([0.0, 0.0], [16, 16], [9, 9]), policy="fixed-k", k=2,
+                 acceptance="constant", acceptance_rate=1.0, fitter="interp")
+    decode = result.steps[result.steps["kind"] == "decode"]
+    verify, drafts = 0.01 * 2 * 3, [0.002, 0.002]  # 2 requests verifying 3 tokens each; 2 draft passes of 1 token
+    later = [0.004, 0.002] if catch_up_rows else drafts  # the first pass feeds 2 tokens a request
+    assert decode["seconds"].tolist() == pytest.approx([verify + sum(drafts)] + [verify + sum(later)] * 2)

@@ -16,7 +16,10 @@ Semantics (vLLM terms):
   budget on prefill chunks, FCFS.
 - The prefill pass emits the first output token. A decode step asks the policy for k_i per request,
   costs draft + verification + overhead (:func:`policies.step_time.predict_step_seconds`), draws accepted
-  a_i in [0, k_i] from the acceptance model and appends min(a_i + 1, tokens still needed) tokens.
+  a_i in [0, k_i] from the acceptance model and appends min(a_i + 1, tokens still needed) tokens. Where the cost
+  model measured draft passes of several tokens per sequence (``prices_catchup``), the step's first draft pass
+  is priced at what it feeds, the tokens each request's draft has not seen (:func:`policies.protocol.draft_lag`,
+  :func:`policies.step_time.catchup_step_seconds`); those lags are kept step by step (no runs of steps then).
 
 Runs of steps (the fast path, fenced in :mod:`simulator.core.runs`): for a stationary policy the engine
 simulates several decode steps of an unchanged batch in one event, the same steps at the same times; so does an
@@ -36,8 +39,8 @@ import numpy as np
 import simpy
 
 from policies.base import BatchView, Policy, StepOutcome
-from policies.protocol import admit_fcfs, checked_proposal, lookahead
-from policies.step_time import predict_step_seconds, uniform_memo
+from policies.protocol import admit_fcfs, checked_proposal, draft_lag, lookahead
+from policies.step_time import catchup_step_seconds, predict_step_seconds, uniform_memo
 from policies.errors import UserError
 from simulator.core import runs
 from simulator.core.runs import DecodeRuns
@@ -125,15 +128,23 @@ class SimulatedEngine(DecodeRuns):
         self._by_count = _by_count(policy) if runs.BY_COUNT else None
         """The policy's ``k_by_count`` when it proposes one k for everyone by the running count alone (speed
         shortcut, see runs.BY_COUNT), else None."""
+        self.catchup = spec.speculative and spec.draft_proposer and getattr(cost_model, "prices_catchup", False)
+        """Whether each step's first draft pass is priced at the draft's lag (the cost model measured draft passes of
+        several tokens per sequence; :func:`policies.step_time.catchup_step_seconds`). The lags are kept per request,
+        step by step: no runs of steps then."""
+        self.lag: dict[int, int] = {}
+        """Tokens of each running request's context its draft has not seen (:func:`policies.protocol.draft_lag`;
+        absent: 1, as after its prefill). Kept only when :attr:`catchup`."""
+        stepwise = spec.run_steps <= 1 or self.catchup
         # n-gram lookups hit or miss step by step, so only a draft model (or no speculation) runs steps together
-        self.runs = (spec.run_steps > 1 and getattr(policy, "stationary", False) and not spec.chunked_prefill
+        self.runs = (not stepwise and getattr(policy, "stationary", False) and not spec.chunked_prefill
                      and (spec.draft_proposer or not spec.speculative))
         # an adaptive policy with a plain stepper: runs of per-step steps (speed shortcut, see runs.PLAIN_RUNS)
-        self.plain_runs = (runs.PLAIN_RUNS and not self.runs and spec.run_steps > 1 and not spec.chunked_prefill
+        self.plain_runs = (runs.PLAIN_RUNS and not self.runs and not stepwise and not spec.chunked_prefill
                            and getattr(policy, "steps_plain", False) and not recorder.keeps_steps)
         # a stationary policy that learns nothing, with n-gram proposals or under chunked prefill (no block-drawn
         # run for it): runs of per-step steps with its proposal asked once a run (speed shortcut, runs.STEP_RUNS)
-        self.step_runs = (runs.STEP_RUNS and spec.run_steps > 1 and getattr(policy, "stationary", False)
+        self.step_runs = (runs.STEP_RUNS and not stepwise and getattr(policy, "stationary", False)
                           and not self._observes and not recorder.keeps_steps
                           and (spec.chunked_prefill or not self.runs))
 
@@ -384,13 +395,18 @@ class SimulatedEngine(DecodeRuns):
             self.free_blocks += self.blocks.pop()
             self._record_spec(rid, self.totals.pop())
             self.policy.finish(rid)
+            self.lag.pop(rid, None)  # recomputed from its prompt: the draft's prefill sees everything
         if not self.rid and not self.prefilling:
             raise RuntimeError("preempted the only request")  # impossible after _check_fits
         self.waiting.appendleft(rid)
         self.rec.preempt(rid, now)
 
     def _decode_seconds(self, proposed: list[int]) -> float:
-        """Draft passes + verification + overhead of the decode batch (the policies' formula)."""
+        """Draft passes + verification + overhead of the decode batch (the policies' formula; with the catch-up
+        priced where the cost model can, :attr:`catchup`)."""
+        if self.catchup:
+            lag = self.lag
+            return catchup_step_seconds(self.cost, self.ctx, proposed, [lag.get(r, 1) for r in self.rid])
         if runs.UNIFORM_STEPS and proposed.count(k := proposed[0]) == len(proposed):  # (speed shortcut, tested)
             batch, context = len(proposed), sum(self.ctx)
             seconds = uniform_memo(self.cost, batch, context, k, self.spec.draft_proposer)
@@ -427,6 +443,10 @@ class SimulatedEngine(DecodeRuns):
             emitted = [1] * len(rids)  # every running request has a token left
         self.ctx = [c + e for c, e in zip(ctx, emitted)]
         self.left = [t - e for t, e in zip(left, emitted)]
+        if self.catchup:
+            lag = self.lag
+            for r, k, a in zip(rids, proposed, accepted):
+                lag[r] = draft_lag(lag.get(r, 1), k, a)
         if self.rec.keeps_steps:
             self.rec.step(start, seconds, kind, len(rids), prefill_tokens, self._blocks_used(), len(self.waiting),
                           *(np.array(x, dtype=np.int64) for x in (proposed, accepted, emitted)))
@@ -459,6 +479,7 @@ class SimulatedEngine(DecodeRuns):
             self.rec.finish(rid, now)
             self.acceptance.finish(rid)
             self.policy.finish(rid)
+            self.lag.pop(rid, None)
 
     def _record_spec(self, rid: int, totals: list[int]) -> None:
         """Hand a leaving request's speculative totals (``self.totals``) to the recorder."""
