@@ -16,8 +16,9 @@ from profiles.engine_profile import EngineProfileSettings, profile_engine  # noq
 from profiles.models.pairs import load_pair  # noqa: E402
 from profiles.grid import Grid  # noqa: E402
 from profiles.profiler import TimingPolicy  # noqa: E402
-from profiles.validation.validate import (ValidateSettings, bootstrap_noise, crossover, decision_figures,  # noqa: E402
-                                         policy_choices, run_validation, step_parts)
+from profiles.validation.validate import (PRESETS, ValidateSettings, bootstrap_noise, crossover,  # noqa: E402
+                                         decision_figures, policy_choices, policy_payoffs, run_validation,
+                                         step_parts)
 from run_sim import main as cli_main  # noqa: E402
 from simulator.costs.cost_model import model_from_dict  # noqa: E402
 from policies.errors import UserError  # noqa: E402
@@ -138,6 +139,17 @@ def test_bad_validate_input_is_one_line_and_exit_status_2(tiny, capsys, tmp_path
         ValidateSettings(pair="smollm2", profile=profile, acceptance_trace=trace)
 
 
+def test_the_cpu_preset_is_a_valid_setting_and_flags_given_override_it(capsys, tmp_path):
+    """``--preset cpu`` names every setting of the shipped CPU validation (profiled in the same run); a flag given
+    beside it wins, and is checked as usual."""
+    settings = ValidateSettings(**PRESETS["cpu"])
+    assert settings.profile_now and settings.twin == 0.6 and settings.pair == "cpu-330m+cpu-22m"
+    assert cli_main(["validate", "--preset", "cpu", "--num-requests", "0", "--out", str(tmp_path / "v")]) == 2
+    assert capsys.readouterr().err.strip() == "error: --num-requests: must be >= 1 (got 0)"
+    assert cli_main(["validate", "--preset", "gpu"]) == 2
+    assert "--preset: invalid choice: 'gpu'" in capsys.readouterr().err
+
+
 def test_the_decision_a_user_makes_is_read_off_the_latency_table():
     """Per rate, the policy of lowest mean latency on each side; speculation stops paying where no-spec wins."""
     rows = []
@@ -153,6 +165,11 @@ def test_the_decision_a_user_makes_is_read_off_the_latency_table():
     assert choices["sim_pick_real_cost"].tolist() == pytest.approx([0.0, 3.8 / 3.5 - 1, 6.5 / 6.0 - 1])
     assert choices["speculation_pays_real"].tolist() == [True, True, False]
     assert crossover(choices, "real") == 8.0 and np.isnan(crossover(choices, "sim"))
+    # each speculative policy against no-spec, per rate: where its payoff changes sign is its crossover
+    payoffs = policy_payoffs(pd.DataFrame(rows)).set_index(["rate", "policy"])
+    assert payoffs.loc[(4.0, "fixed-k:3"), ["pays_real", "pays_sim", "same_call"]].tolist() == [True, True, True]
+    assert payoffs.loc[(8.0, "goodput"), ["pays_real", "pays_sim", "same_call"]].tolist() == [False, True, False]
+    assert payoffs.loc[(1.0, "goodput"), "real_vs_no_spec"] == pytest.approx(0.5)
     without_baseline = policy_choices(pd.DataFrame([r for r in rows if r["policy"] != "no-spec"]))
     assert without_baseline["speculation_pays_real"].isna().all() and np.isnan(crossover(without_baseline, "real"))
 
@@ -175,3 +192,17 @@ def test_bootstrap_noise_shrinks_with_more_requests():
     assert set(small) == {f"{s}_{c}" for s in ("mean", "p50", "p90") for c in ("latency", "ttft", "tpot")}
     assert all(0 < large[key] < small[key] for key in small)
     assert 0.01 < large["mean_latency"] < 0.08  # ~1.96 / sqrt(2000) for an exponential
+
+
+def test_the_errors_own_noise_is_small_when_both_sides_move_together():
+    """Paired bootstrap: resampling the same requests on both sides, an error that is the same for every request
+    (the simulator 5% slow throughout) is known exactly, however noisy the figures themselves are; an error that
+    differs from request to request is known only as well as the requests pin it down."""
+    rng = np.random.default_rng(1)
+    real = pd.DataFrame({"latency": rng.exponential(1.0, 30), "ttft": rng.exponential(0.1, 30),
+                         "tpot": rng.exponential(0.01, 30)})
+    assert bootstrap_noise(real, 0)["mean_latency"] > 0.2
+    paired = bootstrap_noise(real, 0, paired=real * 1.05)
+    assert all(value == pytest.approx(0.0, abs=1e-12) for value in paired.values())
+    scattered = bootstrap_noise(real, 0, paired=real * rng.uniform(0.8, 1.3, (30, 1)))
+    assert 0.005 < scattered["mean_latency"] < 0.2
