@@ -53,6 +53,7 @@ single raise pays for itself at moderate batch sizes even when a uniform k would
 """
 from __future__ import annotations
 
+import sys
 from functools import reduce
 from itertools import repeat
 from operator import add, lt
@@ -62,7 +63,13 @@ import numpy as np
 
 from policies.base import BatchView, Policy, StepOutcome
 from policies.params import ParamReader
-from policies.step_time import shape_seconds, step_shape, uniform_step_seconds
+from policies.step_time import shape_seconds, step_shape, uniform_pricer, uniform_step_seconds
+
+SEQUENTIAL_SUM = sys.version_info < (3, 12)
+"""Speed shortcut, switched here in one place: the expected tokens of a batch-wide k (one row's value added batch - 1
+times, one at a time) summed by ``sum``, whose loop over floats adds C doubles in order before Python 3.12 (3.12
+compensates), rather than by ``reduce(add, ...)``: the same sums (``tests/test_fast_paths.py``). False (and from 3.12):
+``reduce``."""
 
 MODES = ("batch", "request")
 ACCEPTANCE = ("global", "request", "position")
@@ -114,6 +121,9 @@ class Goodput(Policy):
         self._idle = 0
         """Consecutive steps without a proposal (for ``probe``)."""
         self._probes = 0
+        self._pricers: dict[tuple[int, int, bool], Any] = {}
+        """:func:`policies.step_time.uniform_pricer` by (batch size, k_max, draft_cost), on ``_priced_on``."""
+        self._priced_on: Any = None
 
     # --- estimates ------------------------------------------------------------------------------
     @property
@@ -289,11 +299,18 @@ class Goodput(Policy):
             product = a if j == 0 else product * a
             reach = product if j == 0 else reach + product
             row.append(1.0 + reach)
-        seconds = uniform_step_seconds(cost_model, batch, context_tokens, k_max, draft_cost)
+        key = (batch, k_max, draft_cost)
+        if cost_model is not self._priced_on:  # pricers of one cost model only (a run has one; a test may switch)
+            self._pricers, self._priced_on = {}, cost_model
+        price = self._pricers.get(key)
+        if price is None:  # the batch's uniform steps priced as uniform_step_seconds prices them (speed shortcut)
+            price = self._pricers[key] = uniform_pricer(cost_model, batch, k_max, draft_cost)
+        seconds = price(context_tokens)
         best_k, best, bonus = 0, -1.0, self.bonus
         for k in range(k_max + 1):
             x = row[k]
-            tokens = reduce(add, repeat(x, batch - 1), x)  # x added batch - 1 times, one at a time (as numpy's rows)
+            # x added batch - 1 times, one at a time (as numpy's rows): sum's own loop does that before Python 3.12
+            tokens = sum(repeat(x, batch - 1), x) if SEQUENTIAL_SUM else reduce(add, repeat(x, batch - 1), x)
             value = tokens / seconds[k]
             if k == 0:
                 value = value * bonus

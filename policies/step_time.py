@@ -28,7 +28,7 @@ seconds equal :func:`shape_seconds` bit for bit (tested). Cost models are anythi
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import reduce
 from operator import add
@@ -166,10 +166,40 @@ def uniform_step_seconds(cost_model: StepCosts, batch_size: int, context_tokens:
     return seconds
 
 
+def uniform_pricer(cost_model: StepCosts, batch_size: int, k_max: int, draft_cost: bool) -> Callable[[int], list[float]]:
+    """:func:`uniform_step_seconds` of one batch size, ``k_max`` and ``draft_cost`` as a function of the batch's
+    context total: what a policy that decides one k for its batch prices every step (``Goodput``), memo included.
+
+    Speed shortcut (switched by :data:`UNIFORM_PRICER`): a cost model that has one (``uniform_decode_pricer``) works
+    out once what does not depend on the context total and checks its far limits by comparison, and the formula's
+    additions follow in :func:`step_seconds`' order; the same seconds and warnings as :func:`uniform_step_seconds`
+    (``tests/test_fast_paths.py``). Otherwise (the plain twin) each call is :func:`uniform_step_seconds`."""
+    parts = getattr(cost_model, "uniform_decode_pricer", None) if UNIFORM_PRICER and batch_size else None
+    if parts is None:
+        return lambda context_tokens: uniform_step_seconds(cost_model, batch_size, context_tokens, k_max, draft_cost)
+    priced, overhead = parts(batch_size, k_max, draft_cost), cost_model.overhead_time(batch_size)
+
+    def seconds(context_tokens: int) -> list[float]:
+        global _last_uniform
+        targets, drafts = priced(context_tokens)
+        out = [float(reduce(add, drafts[:k], target + overhead)) for k, target in enumerate(targets)]
+        _last_uniform = (cost_model, batch_size, context_tokens, draft_cost, out)
+        return out
+
+    return seconds
+
+
 FAST_UNIFORM = True
 """Speed shortcut, switched here in one place: :func:`uniform_step_seconds` asks a cost model that has one for all
 of a uniform step's parts in one call (``CostModel.uniform_decode_times``) and adds them as :func:`step_seconds`
 does; equal bit for bit (``tests/test_fast_paths.py``). False: the scalar calls through the step's shape."""
+
+
+UNIFORM_PRICER = True
+"""Speed shortcut, switched here in one place: :func:`uniform_pricer` prices through the cost model's
+``uniform_decode_pricer`` (the context-free terms once a batch size, the far checks as comparisons); the same seconds
+and warnings as :func:`uniform_step_seconds` (``tests/test_fast_paths.py``). False: :func:`uniform_step_seconds` per
+call."""
 
 
 _last_uniform: tuple = (None, 0, 0, False, [])

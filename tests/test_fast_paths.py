@@ -411,3 +411,83 @@ def test_ngram_runs_are_the_plain_loop(monkeypatch, fields):
     fast, _, _ = _fast_against_plain(monkeypatch, config, "NGRAM_RUNS", "_ngram_steps")
     if "num_gpu_blocks" in fields:
         assert fast.summary["preemptions"] > 0
+
+
+# --- issue 16, fifth pass: goodput's decisions priced by a pricer per batch size, its token sums by sum ---------------
+
+@pytest.mark.parametrize("which", ["bench", "json", "linear", "interp"])
+def test_uniform_pricer_is_uniform_step_seconds(monkeypatch, which):
+    """step_time.UNIFORM_PRICER (one pricer per batch size, k_max and draft_cost, its context-free terms worked out
+    once) against uniform_step_seconds: the same seconds, the same memo and the same warnings, each flag on its own
+    copy of the model (a model warns once per block). One pricer prices many context totals, near the grid and far
+    beyond it (the example grid's), as a policy's pricer does over a run."""
+    import warnings
+
+    seen = {}
+    for fast in (True, False):
+        monkeypatch.setattr(step_time, "UNIFORM_PRICER", fast)
+        model, rng, out, pricers = _loaded(which), np.random.default_rng(17), [], {}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(600):
+                batch = int(rng.integers(1, 300)) if rng.random() < 0.2 else int(rng.integers(1, 6))
+                k_max, draft = int(rng.integers(0, 7)), bool(rng.random() < 0.7)
+                key = (batch, k_max, draft)
+                price = pricers.setdefault(key, step_time.uniform_pricer(model, *key))
+                context = int(batch * rng.integers(1, 40000 if rng.random() < 0.1 else 2000))
+                out.append(price(context))
+                assert step_time.uniform_memo(model, batch, context, k_max, draft) == out[-1][k_max]
+        seen[fast] = (out, [str(w.message) for w in caught])
+    assert seen[True] == seen[False]
+    if which in ("linear", "interp"):
+        assert seen[True][1]  # far queries warned, on both paths alike
+
+
+def test_sequential_sum_is_reduce():
+    """goodput.SEQUENTIAL_SUM: ``sum(repeat(x, n - 1), x)`` is ``reduce(add, repeat(x, n - 1), x)`` (x added one at a
+    time) for the interpreters that take it (before Python 3.12)."""
+    from functools import reduce
+    from itertools import repeat
+    from operator import add
+
+    from policies import goodput
+
+    if not goodput.SEQUENTIAL_SUM:
+        pytest.skip("this interpreter's sum compensates: the shortcut is off")
+    rng = np.random.default_rng(19)
+    for _ in range(20000):
+        x = float(1.0 + rng.random() * rng.integers(1, 8))
+        n = int(rng.integers(1, 600))
+        assert sum(repeat(x, n - 1), x) == reduce(add, repeat(x, n - 1), x)
+
+
+DECISIONS = [{}, {"save_steps": True}, {"proposer": "ngram", "acceptance_rate": 0.4},
+             {"rate": 40.0, "num_gpu_blocks": 600},  # preemptions
+             {"acceptance": "position", "acceptance_positions": (0.9, 0.6, 0.4),
+              "policy_params": (("acceptance", "position"),)},
+             {"scheduler": "chunked-prefill", "save_steps": True},
+             {"profile": str(Path(PROFILE).with_name("example_grid.csv")), "rate": 30.0},  # far beyond the grid: warns
+             {"profile": str(Path(PROFILE).with_name("example_grid.csv")), "fitter": "interp", "rate": 30.0}]
+
+
+@pytest.mark.parametrize("flag", ["UNIFORM_PRICER", "SEQUENTIAL_SUM"])
+@pytest.mark.parametrize("fields", DECISIONS)
+def test_goodput_decisions_priced_alike(monkeypatch, flag, fields):
+    """step_time.UNIFORM_PRICER and goodput.SEQUENTIAL_SUM on and off in whole goodput runs: the same summaries, request
+    columns, step rows (where kept) and warnings."""
+    import warnings
+
+    from policies import goodput
+
+    config = SimConfig(**{**dict(profile=PROFILE, policy="goodput", rate=8.0, num_requests=300, seed=14), **fields})
+    results = []
+    for on in (True, False):
+        monkeypatch.setattr(step_time if flag == "UNIFORM_PRICER" else goodput, flag, on)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            results.append((run_simulation(config), [str(w.message) for w in caught]))
+    (fast, fast_warned), (plain, plain_warned) = results
+    _assert_same_runs(fast, plain)
+    assert fast.recorder.steps == plain.recorder.steps
+    assert fast_warned == plain_warned
+

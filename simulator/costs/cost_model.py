@@ -44,7 +44,7 @@ import os
 import warnings
 from bisect import bisect_right
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -156,6 +156,13 @@ class CostModel:
         targets = [self.target_time(batch_size, batch_size * (k + 1), context_tokens) for k in range(k_max + 1)]
         return targets, passes
 
+    def uniform_decode_pricer(self, batch_size: int, k_max: int, drafts: bool) -> Callable[[int], tuple[list[float],
+                                                                                                   list[float]]]:
+        """:meth:`uniform_decode_times` of one batch size, k_max and ``drafts`` as a function of the context total
+        (what a policy deciding one k for its batch asks every step). Each call must equal :meth:`uniform_decode_times`
+        exactly, warnings included; this default calls it."""
+        return lambda context_tokens: self.uniform_decode_times(batch_size, context_tokens, k_max, drafts)
+
     def prefill_time(self, batch_size: int, prompt_tokens: int, role: str = "target") -> float:
         """Seconds of one prefill pass over ``batch_size`` prompts totalling ``prompt_tokens`` tokens
         (role ``draft``: the draft model's prefill)."""
@@ -252,6 +259,46 @@ class LinearCostModel(CostModel):
                    for query_tokens in [batch_size * (k + 1) for k in range(k_max + 1)]]
         return targets, passes
 
+    def uniform_decode_pricer(self, batch_size: int, k_max: int,
+                              drafts: bool) -> Callable[[int], tuple[list[float], list[float]]]:
+        # speed shortcut (switched by policies.step_time.UNIFORM_PRICER, which asks for it): the terms of
+        # uniform_decode_times that do not depend on the context total worked out once, and the far checks as two
+        # comparisons; the same numbers (each sum in its order) and, through uniform_decode_times, the same
+        # warnings (tests/test_fast_paths.py)
+        if type(self)._decode is not LinearCostModel._decode:  # a subclass that evaluates otherwise
+            return CostModel.uniform_decode_pricer(self, batch_size, k_max, drafts)
+        b, drafts = batch_size, bool(drafts and k_max)
+        if drafts:
+            self._check_draft()  # (uniform_decode_times raises it at its first call; so does this, on being built)
+        # target k: ((base + per_token q) + per_context c) + per_seq b + ((per_qc q) c) / b, with q = b (k + 1)
+        base, per_token, per_context, per_seq, per_qc = self._coef["target"]
+        fixed = [(base + per_token * q, per_qc * q) for q in [b * (k + 1) for k in range(k_max + 1)]]
+        seq = per_seq * b
+        lim_b, lim_c = self._far["target"]
+        # the far checks: target over c, draft pass j over c + b j (the last pass reads the most); a block that
+        # has warned warns no more, so the shortcut stands once every block asked has warned
+        far_target = -math.inf if b > lim_b else lim_c * b
+        blocks = {"target", "draft"} if drafts else {"target"}
+        far_draft, reach = math.inf, b * (k_max - 1)
+        if drafts:
+            d_base, d_token, d_context, d_seq, d_qc = self._coef["draft"]
+            # pass j reads t = c + b j: ((base + per_token b) + per_context t) + per_seq b + ((per_qc b) t) / b
+            d_fixed, d_seq, d_qc = d_base + d_token * b, d_seq * b, d_qc * b
+            lim_b, lim_c = self._far["draft"]
+            far_draft = -math.inf if b > lim_b else lim_c * b
+            steps = [b * j for j in range(k_max)]
+        warned, full = self._warned, self.uniform_decode_times
+
+        def price(context_tokens: int) -> tuple[list[float], list[float]]:
+            if (context_tokens > far_target or context_tokens + reach > far_draft) and not blocks <= warned:
+                return full(b, context_tokens, k_max, drafts)
+            passes = [d_fixed + d_context * t + d_seq + d_qc * t / b
+                      for t in [context_tokens + s for s in steps]] if drafts else []
+            reads = per_context * context_tokens
+            return [a + reads + seq + qc * context_tokens / b for a, qc in fixed], passes
+
+        return price
+
     def prefill_time(self, batch_size: int, prompt_tokens: int, role: str = "target") -> float:
         block = BLOCKS[(role, "prefill")]
         if block not in self._coef:
@@ -342,6 +389,7 @@ class InterpCostModel(LinearCostModel):
                         for block, values in tables.items()}
 
     uniform_decode_times = CostModel.uniform_decode_times  # the scalar calls: its _decode interpolates
+    uniform_decode_pricer = CostModel.uniform_decode_pricer
 
     def _decode(self, block: str, batch_size: int, query_tokens: float, context_tokens: float) -> float:
         return self._tables[block]((batch_size, query_tokens / batch_size, context_tokens / batch_size))
