@@ -166,7 +166,8 @@ def uniform_step_seconds(cost_model: StepCosts, batch_size: int, context_tokens:
     return seconds
 
 
-def uniform_pricer(cost_model: StepCosts, batch_size: int, k_max: int, draft_cost: bool) -> Callable[[int], list[float]]:
+def uniform_pricer(cost_model: StepCosts, batch_size: int, k_max: int,
+                   draft_cost: bool) -> Callable[[int], list[float]]:
     """:func:`uniform_step_seconds` of one batch size, ``k_max`` and ``draft_cost`` as a function of the batch's
     context total: what a policy that decides one k for its batch prices every step (``Goodput``), memo included.
 

@@ -491,3 +491,40 @@ def test_goodput_decisions_priced_alike(monkeypatch, flag, fields):
     assert fast.recorder.steps == plain.recorder.steps
     assert fast_warned == plain_warned
 
+
+ADAPTIVE_RUNS = [{}, {"rate": 40.0, "num_gpu_blocks": 600},  # runs end for want of blocks, preemptions
+                 {"policy_params": (("estimator", "ratio"), ("every", 3), ("bonus", 1.1), ("probe", 3))},
+                 {"acceptance_rate": 0.0},  # nobody speculates for long: probes every 16 steps
+                 {"acceptance_rate": 1.0}, {"acceptance": "beta", "rate": 12.0},
+                 {"acceptance": "position", "acceptance_positions": (0.9, 0.6, 0.4)},
+                 {"k": 0}, {"k": 7, "rate": 20.0},
+                 {"rate": 0.5, "num_requests": 60},  # an empty queue: arrivals end runs
+                 {"policy_profile": str(Path(PROFILE).with_name("h100-80gb-analytical__llama-2-7b__llama-68m.csv"))},
+                 {"proposer": "ngram", "acceptance_rate": 0.4}, {"proposer": "ngram", "ngram_match_prob": 1.0},
+                 {"proposer": "ngram", "acceptance_rate": 0.0, "ngram_match_prob": 0.3},  # probes, most lookups miss
+                 {"proposer": "ngram", "rate": 40.0, "num_gpu_blocks": 600}]
+
+
+@pytest.mark.parametrize("fields", ADAPTIVE_RUNS)
+def test_adaptive_runs_are_the_plain_loop(monkeypatch, fields):
+    """runs.ADAPTIVE_RUNS (goodput's runs kept on tokens left and the context total, asked and told every step;
+    contexts, blocks and totals worked out at the end) against runs.PLAIN_RUNS' loop, bit for bit: summaries and
+    request columns. A policy priced on another profile than the engine's misses the memo."""
+    config = SimConfig(**{**dict(profile=PROFILE, policy="goodput", rate=8.0, num_requests=300, seed=15), **fields})
+    fast, _, _ = _fast_against_plain(monkeypatch, config, "ADAPTIVE_RUNS", "_adaptive_run")
+    if "num_gpu_blocks" in fields:
+        assert fast.summary["preemptions"] > 0
+
+
+def test_adaptive_runs_go_on_past_a_finish(monkeypatch):
+    """An adaptive run whose step ends with a finish, nobody waiting, goes on with the smaller batch in the same event
+    (more stretches of steps than runs), and still gives the plain loop's results."""
+    from simulator.core.runs import DecodeRuns
+
+    config = SimConfig(profile=PROFILE, policy="goodput", rate=2.0, num_requests=200, seed=16)
+    runs_taken = _counting(monkeypatch, DecodeRuns, "_adaptive_run")
+    stretches = []
+    steps = DecodeRuns._adaptive_steps
+    monkeypatch.setattr(DecodeRuns, "_adaptive_steps", lambda self, *a: stretches.append(a) or steps(self, *a))
+    _fast_against_plain(monkeypatch, config, "ADAPTIVE_RUNS", "_adaptive_run")
+    assert len(stretches) > len(runs_taken) > 0

@@ -22,7 +22,8 @@ Two more shortcuts live here, each switched in one place with its plain twin kep
 runs both, bit for bit): :data:`LIST_RUNS` works a stationary run out on plain lists step by step (the same draws,
 cut-offs and sums as the numpy form), and :data:`PLAIN_RUNS` runs an adaptive policy that offers a plain-Python
 stepper (``steps_plain``: goodput deciding one k for the batch from one global estimate) several steps per event,
-each step exactly the per-step path's (asked, priced, drawn and told every step), so its results are step by step's.
+each step exactly the per-step path's (asked, priced, drawn and told every step), so its results are step by step's;
+within it :data:`ADAPTIVE_RUNS` keeps such a run lean (per step only tokens left and the context total).
 :data:`STEP_RUNS` does the same for a stationary policy that learns nothing (n-gram proposals, chunked prefill), and
 within it :data:`UNIFORM_RUNS` (and :data:`NGRAM_RUNS` under n-gram proposals) keep a one-k run lean; outside runs,
 :data:`UNIFORM_STEPS` prices a one-k step without a step shape and :data:`BY_COUNT` asks a one-k policy by the running
@@ -32,9 +33,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
+from collections import deque
 from operator import add, sub
 from collections.abc import Sequence
 from itertools import accumulate
+from typing import Any
 
 import numpy as np
 
@@ -84,6 +87,14 @@ PLAIN_RUNS = True
 """Speed shortcut, switched here in one place: an adaptive policy with a plain-Python stepper (``steps_plain``, e.g.
 goodput in batch mode with a global estimate) runs several steps in one SimPy event (:meth:`DecodeRuns._plain_run`),
 the per-step path's steps bit for bit (``tests/test_fast_paths.py`` runs both). False: one event per step."""
+
+ADAPTIVE_RUNS = True
+"""Speed shortcut, switched here in one place: a :data:`PLAIN_RUNS` run keeps per step only what the next step needs
+(each request's tokens left and the batch's context total), as :data:`UNIFORM_RUNS` does, while the policy is still
+asked and told every step (:meth:`DecodeRuns._adaptive_run`); contexts, blocks and the
+speculative totals follow at the end, for as many steps as surely fit in the free blocks. The same steps, prices,
+draws, decisions and stopping points as the loop of :meth:`DecodeRuns._plain_run`, bit for bit
+(``tests/test_fast_paths.py``). False: that loop."""
 
 
 class DecodeRuns:
@@ -234,6 +245,9 @@ class DecodeRuns:
         if not fits():
             yield from (self._chunked_step() if spec.chunked_prefill else self._decode_step())
             return
+        if not stationary and ADAPTIVE_RUNS and self.free_blocks >= most * len(self.rid):  # (speed shortcut, tested)
+            yield from self._adaptive_run(most)
+            return
         clock = self.env.now
         arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
                    else np.inf)
@@ -291,6 +305,120 @@ class DecodeRuns:
         yield self._timeout_until(clock)
         if 0 in self.left:
             self._retire(self.env.now)
+
+    def _adaptive_run(self, most: int):
+        """:meth:`_plain_run` of an adaptive policy, kept lean (speed shortcut, switched by :data:`ADAPTIVE_RUNS`):
+        :meth:`_adaptive_steps` from now; when they end with a finish while nobody waits and before the next arrival,
+        the finished requests leave at that step's end (as step by step: nothing else happens then) and the run goes
+        on with the smaller batch while its steps surely fit, as :meth:`_uniform_run` does. At most ``run_steps``
+        steps in all; ending a run anywhere gives the same steps (see :meth:`_plain_run`)."""
+        arrival = (float(self.workload.arrival_time[self.arrived])  # a Python float: compared every step
+                   if not self.waiting and self.arrived < len(self.workload) else math.inf)
+        clock, steps, run_steps = self.env.now, 0, self.spec.run_steps
+        while True:
+            clock, taken = self._adaptive_steps(most, clock, arrival, run_steps - steps)
+            steps += taken
+            if 0 not in self.left or self.waiting or clock >= arrival or steps >= run_steps:
+                break
+            self._retire(clock)
+            if not self.rid or self.free_blocks < most * len(self.rid):
+                break
+        yield self._timeout_until(clock)
+        if 0 in self.left:
+            self._retire(self.env.now)
+
+    def _adaptive_steps(self, most: int, clock: float, arrival: float, budget: int) -> tuple[float, int]:
+        """Up to ``budget`` steps of :meth:`_adaptive_run` from ``clock``; the clock after them and their count.
+
+        The policy is asked (``propose_plain``) and told (``observe_plain``) every step as in :meth:`_plain_run`, the
+        n-gram lookups, prices and acceptances drawn as there, but per step only each request's tokens left and the
+        batch's context total are kept (and, in steps of unequal proposals, each request's proposed tokens and
+        speculative steps), for at most ``free_blocks // (most x batch)`` steps (a step adds at most ``most`` blocks
+        to a request: those steps surely fit, as :meth:`_plain_run`'s check finds). At the end, from integer sums:
+
+        - contexts: each request's context plus the tokens it emitted; blocks: the most any step reserved,
+          max over steps of ceil((c + k + 1) / bs), of which only the last ``max_k`` steps can hold the most (every
+          step emits at least one token per request, so a step j steps before the last reads at least j tokens less,
+          and reserves no more than the last when it proposes at most j more: such steps are skipped);
+        - the speculative totals of each request that proposed: its proposed tokens and speculative steps n (those
+          of steps where everyone proposed the same k, summed once, plus its own in the others); as a step without a
+          proposal emits one token, the speculative steps emitted (tokens emitted) - (steps - n); and a step's
+          accepted-and-emitted min(a, t) is e - 1 but in its last step where a >= t, so their sum is
+          (tokens emitted) - steps + [a >= t in the last step] (a step without a proposal accepts 0 = e - 1).
+        """
+        spec, policy = self.spec, self.policy
+        cost, engine_cost, max_k, bs = self.policy_cost, self.cost, spec.max_k, spec.block_size
+        draft = spec.draft_proposer
+        rids, ctx0, left0, blocks0 = self.rid, self.ctx, self.left, self.blocks
+        batch = len(rids)
+        horizon = min(budget, self.free_blocks // (most * batch))  # steps that surely fit
+        propose, observe, draw = policy.propose_plain, policy.observe_plain, self.acceptance.draw_list
+        match, take = spec.ngram_match_prob, self._match.take
+        target, overhead = engine_cost.target_time, engine_cost.overhead_time(batch)
+        steps, context, left, remaining = 0, sum(ctx0), left0, sum(left0)
+        recent = deque(maxlen=max(max_k, 1))  # (tokens left before the step, proposals) of the last max_k steps
+        spec_steps = spec_proposed = 0  # steps in which everyone proposed one k > 0, and their ks summed
+        own_proposed = own_steps = None  # per request, over the steps of unequal proposals
+        pricers: dict[int, Any] = {}
+        while True:
+            proposed = propose(batch, context, cost, max_k, draft)
+            if not draft and any(proposed):  # the n-gram lookups' misses, as _plain_run draws them
+                proposed = [k if u < match else 0 for k, u in zip(proposed, take(batch))]
+            k = proposed[0]
+            uniform = proposed.count(k) == batch
+            if not draft:  # shape_seconds without draft passes (the memo's number too, where it has one)
+                seconds = target(batch, sum(proposed) + batch, context)
+                seconds += overhead
+            elif uniform and (seconds := uniform_memo(engine_cost, batch, context, k, True)) is not None:
+                pass  # the policy has just priced this step
+            elif uniform and UNIFORM_STEPS:  # as _decode_seconds prices a uniform step: its scalar formula
+                price = pricers.get(k)
+                seconds = (price or pricers.setdefault(k, self._uniform_pricer(batch, k)))(context)
+            else:  # a probe: _decode_seconds over the step's contexts
+                self.ctx = [c + t0 - t for c, t0, t in zip(ctx0, left0, left)]
+                seconds = self._decode_seconds(proposed)
+            clock += seconds  # as SimPy adds the step's timeout
+            if k or not uniform:  # someone proposes
+                accepted = draw(rids, proposed)
+                before, left = left, [t - a - 1 if a < t else 0 for a, t in zip(accepted, left)]  # t - min(a + 1, t)
+                if uniform:
+                    spec_steps, spec_proposed = spec_steps + 1, spec_proposed + k
+                elif own_proposed is None:
+                    own_proposed, own_steps = proposed, [1 if q else 0 for q in proposed]
+                else:
+                    own_proposed = list(map(add, own_proposed, proposed))
+                    own_steps = [n + 1 if q else n for n, q in zip(own_steps, proposed)]
+            else:  # nobody proposes: every request emits one token
+                accepted, before, left = proposed, left, [t - 1 for t in left]
+            recent.append((before, proposed))
+            observe(proposed, accepted)
+            steps += 1
+            if 0 in left or clock >= arrival or steps >= horizon:
+                break
+            context, remaining = context + remaining - (now := sum(left)), now
+        emitted = [t0 - t for t0, t in zip(left0, left)]
+        self.ctx = [c + e for c, e in zip(ctx0, emitted)]
+        self.left = left
+        blocks, low, j = blocks0, min(proposed), len(recent)
+        for before_j, proposed_j in recent:  # each step reserved max(b, ceil((c + k + 1) / bs)) over its context c
+            j -= 1  # steps after this one: it reads at least j tokens less than the last, so it reserves no more
+            if j and max(proposed_j) <= low + j:  # when it proposes at most j more (then skipped: the same max)
+                continue
+            blocks = [n if (n := (c + t0 - t + q + bs) // bs) > b else b
+                      for c, t0, t, q, b in zip(ctx0, left0, before_j, proposed_j, blocks)]
+        self.blocks = blocks
+        self.free_blocks -= sum(blocks) - sum(blocks0)
+        if spec_steps or own_proposed is not None:
+            for i, (totals, e, a, t) in enumerate(zip(self.totals, emitted, accepted, before)):
+                p, n = (spec_proposed, spec_steps) if own_proposed is None else (spec_proposed + own_proposed[i],
+                                                                                  spec_steps + own_steps[i])
+                if p:
+                    totals[0] += p
+                    totals[1] += e - steps + (1 if a >= t else 0)
+                    totals[2] += n
+                    totals[3] += e - steps + n
+        self.rec.num_steps += steps
+        return clock, steps
 
     def _uniform(self, asked: list[int]) -> bool:
         """Whether :meth:`_uniform_run` may take a stationary policy's proposal ``asked``: one k for everyone, no n-gram
