@@ -183,7 +183,12 @@ def uniform_pricer(cost_model: StepCosts, batch_size: int, k_max: int,
     def seconds(context_tokens: int) -> list[float]:
         global _last_uniform
         targets, drafts = priced(context_tokens)
-        out = [float(reduce(add, drafts[:k], target + overhead)) for k, target in enumerate(targets)]
+        out = []
+        for k, target in enumerate(targets):  # step_seconds' additions: verification, overhead, draft passes
+            seconds = target + overhead
+            for draft in drafts[:k]:
+                seconds += draft
+            out.append(float(seconds))
         _last_uniform = (cost_model, batch_size, context_tokens, draft_cost, out)
         return out
 

@@ -518,3 +518,28 @@ def test_draft_rows_of_several_tokens_per_sequence_price_the_catch_up_pass(tmp_p
         pytest.approx(truth_seconds("draft", "decode", 4, 1, 512))
     again = load_cost_model(_saved(with_, tmp_path))
     assert (again.prices_catchup, again.batch_layout) == (True, "padded")
+
+
+def test_uniform_decode_pricer_is_uniform_decode_times(cost_json):
+    """uniform_decode_pricer (what a policy deciding one k for its batch prices every step) equals uniform_decode_times
+    at every context total: the shipped linear model's own (its context-free terms worked out once), an interpolating
+    model's and a model of one's own (the default: it calls uniform_decode_times)."""
+    from simulator.costs.cost_model import CostModel
+
+    base = load_cost_model(cost_json(), "linear")
+
+    class Mine(CostModel):
+        def target_time(self, batch_size, query_tokens, context_tokens):
+            return base.target_time(batch_size, query_tokens, context_tokens)
+
+        def draft_time(self, batch_size, context_tokens, query_tokens=None):
+            return base.draft_time(batch_size, context_tokens, query_tokens)
+
+    models = [base, Mine(), load_cost_model(EXAMPLE_GRID, "interp")]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # far queries on the example grid: warnings are test_fast_paths' business
+        for model in models:
+            for batch, k_max, drafts in ((1, 0, True), (4, 3, True), (32, 5, False), (200, 4, True)):
+                price = model.uniform_decode_pricer(batch, k_max, drafts)
+                for context in (batch, batch * 700, batch * 30000):
+                    assert price(context) == model.uniform_decode_times(batch, context, k_max, drafts)

@@ -25,13 +25,19 @@ PROFILE = str(Path(__file__).resolve().parents[1] / "profiles" / "data" /
               "a100-80gb-analytical__llama-2-7b__llama-68m.csv")
 
 
+@pytest.mark.parametrize("uniform_draws", [True, False])
 @pytest.mark.parametrize("rate", [0.0, 0.3, 0.5, 0.8, 0.97, 1.0])
-def test_constant_acceptance_blocks_are_the_per_step_draws(rate):
+def test_constant_acceptance_blocks_are_the_per_step_draws(monkeypatch, rate, uniform_draws):
+    """Draws in blocks against draws of one step's size; with acceptance.UNIFORM_DRAWS on and off (one k for everyone
+    in every fourth step)."""
+    from simulator.inputs import acceptance
+
+    monkeypatch.setattr(acceptance, "UNIFORM_DRAWS", uniform_draws)
     model, rng = ConstantAcceptance(rate, np.random.default_rng(7)), np.random.default_rng(7)
     model.BLOCK = 50  # refills inside a step too
     for i in range(600):
         batch = i % 17 + 1
-        ks = np.array([(i + j) % 6 for j in range(batch)], dtype=np.int64)
+        ks = np.array([(i + j) % 6 if i % 4 else i % 6 for j in range(batch)], dtype=np.int64)
         steps = 1 if i % 3 else i % 5 + 1
         if i % 3 == 1:
             got = np.array(model.draw_list(list(range(batch)), ks.tolist()))[None]
@@ -470,19 +476,21 @@ DECISIONS = [{}, {"save_steps": True}, {"proposer": "ngram", "acceptance_rate": 
              {"profile": str(Path(PROFILE).with_name("example_grid.csv")), "fitter": "interp", "rate": 30.0}]
 
 
-@pytest.mark.parametrize("flag", ["UNIFORM_PRICER", "SEQUENTIAL_SUM"])
+@pytest.mark.parametrize("flag", ["UNIFORM_PRICER", "SEQUENTIAL_SUM", "UNIFORM_DRAWS"])
 @pytest.mark.parametrize("fields", DECISIONS)
 def test_goodput_decisions_priced_alike(monkeypatch, flag, fields):
-    """step_time.UNIFORM_PRICER and goodput.SEQUENTIAL_SUM on and off in whole goodput runs: the same summaries, request
-    columns, step rows (where kept) and warnings."""
+    """step_time.UNIFORM_PRICER, goodput.SEQUENTIAL_SUM and acceptance.UNIFORM_DRAWS on and off in whole goodput runs:
+    the same summaries, request columns, step rows (where kept) and warnings."""
     import warnings
 
     from policies import goodput
+    from simulator.inputs import acceptance
 
     config = SimConfig(**{**dict(profile=PROFILE, policy="goodput", rate=8.0, num_requests=300, seed=14), **fields})
+    module = {"UNIFORM_PRICER": step_time, "SEQUENTIAL_SUM": goodput, "UNIFORM_DRAWS": acceptance}[flag]
     results = []
     for on in (True, False):
-        monkeypatch.setattr(step_time if flag == "UNIFORM_PRICER" else goodput, flag, on)
+        monkeypatch.setattr(module, flag, on)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             results.append((run_simulation(config), [str(w.message) for w in caught]))

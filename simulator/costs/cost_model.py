@@ -287,10 +287,10 @@ class LinearCostModel(CostModel):
             lim_b, lim_c = self._far["draft"]
             far_draft = -math.inf if b > lim_b else lim_c * b
             steps = [b * j for j in range(k_max)]
-        warned, full = self._warned, self.uniform_decode_times
+        full = self.uniform_decode_times
 
         def price(context_tokens: int) -> tuple[list[float], list[float]]:
-            if (context_tokens > far_target or context_tokens + reach > far_draft) and not blocks <= warned:
+            if (context_tokens > far_target or context_tokens + reach > far_draft) and not blocks <= self._warned:
                 return full(b, context_tokens, k_max, drafts)
             passes = [d_fixed + d_context * t + d_seq + d_qc * t / b
                       for t in [context_tokens + s for s in steps]] if drafts else []

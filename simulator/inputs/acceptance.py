@@ -50,6 +50,11 @@ TRACE_COLUMNS = ("request_id", "proposed", "accepted")
 #: A request enters the Beta fit of :func:`fit_acceptance` with at least this many verified tokens.
 MIN_FIT_TOKENS = 5
 
+UNIFORM_DRAWS = True
+"""Speed shortcut, switched here in one place: :meth:`ConstantAcceptance.draw_list` of proposals that are one k for
+everyone caps the draws by that k without pairing each with its proposal (the same min(G, k) per request;
+``tests/test_fast_paths.py`` runs both). False: each draw capped by its own proposal."""
+
 
 class AcceptanceModel:
     """Base class: per-request hooks that do nothing, and the per-step :meth:`draw` to implement."""
@@ -122,7 +127,10 @@ class ConstantAcceptance(AcceptanceModel):
     def draw_list(self, request_ids: list[int], proposed: list[int]) -> list[int]:
         if self.rate == 1.0:
             return list(proposed)
-        return [g if g < k else k for g, k in zip(self._successes(len(proposed)), proposed)]
+        drawn = self._successes(len(proposed))
+        if UNIFORM_DRAWS and proposed and proposed.count(k := proposed[0]) == len(proposed):  # (speed shortcut)
+            return [g if g < k else k for g in drawn]
+        return [g if g < k else k for g, k in zip(drawn, proposed)]
 
     def draw_steps(self, request_ids: np.ndarray, proposed: np.ndarray, steps: int) -> np.ndarray:
         shape = (steps, len(proposed))
