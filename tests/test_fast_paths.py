@@ -367,15 +367,21 @@ def test_runs_asked_by_count_are_runs_asked_by_propose(monkeypatch, fields):
 def test_uniform_runs_go_on_past_a_finish(monkeypatch):
     """A uniform run whose step ends with a finish, nobody waiting, goes on with the smaller batch in the same event
     (more stretches of steps than runs), and still gives step by step's results."""
-    from simulator.core.runs import DecodeRuns
-
     config = SimConfig(profile=PROFILE, policy="fixed-k", scheduler="chunked-prefill", rate=2.0, num_requests=200,
                        seed=10)
-    runs_taken = _counting(monkeypatch, DecodeRuns, "_uniform_run")
+    _goes_on_past_a_finish(monkeypatch, config, "UNIFORM_RUNS", "_uniform_run", "_uniform_steps")
+
+
+def _goes_on_past_a_finish(monkeypatch, config, flag: str, run: str, stretch: str):
+    """``config`` with the shortcut ``runs.<flag>`` on and off, bit for bit, and with it on more calls of the stretch
+    method ``DecodeRuns.<stretch>`` than of the run method ``DecodeRuns.<run>``."""
+    from simulator.core.runs import DecodeRuns
+
+    runs_taken = _counting(monkeypatch, DecodeRuns, run)
     stretches = []
-    steps = DecodeRuns._uniform_steps
-    monkeypatch.setattr(DecodeRuns, "_uniform_steps", lambda self, *a: stretches.append(a) or steps(self, *a))
-    _fast_against_plain(monkeypatch, config, "UNIFORM_RUNS", "_uniform_run")
+    steps = getattr(DecodeRuns, stretch)
+    monkeypatch.setattr(DecodeRuns, stretch, lambda self, *a: stretches.append(a) or steps(self, *a))
+    _fast_against_plain(monkeypatch, config, flag, run)
     assert len(stretches) > len(runs_taken) > 0
 
 
@@ -527,12 +533,5 @@ def test_adaptive_runs_are_the_plain_loop(monkeypatch, fields):
 def test_adaptive_runs_go_on_past_a_finish(monkeypatch):
     """An adaptive run whose step ends with a finish, nobody waiting, goes on with the smaller batch in the same event
     (more stretches of steps than runs), and still gives the plain loop's results."""
-    from simulator.core.runs import DecodeRuns
-
     config = SimConfig(profile=PROFILE, policy="goodput", rate=2.0, num_requests=200, seed=16)
-    runs_taken = _counting(monkeypatch, DecodeRuns, "_adaptive_run")
-    stretches = []
-    steps = DecodeRuns._adaptive_steps
-    monkeypatch.setattr(DecodeRuns, "_adaptive_steps", lambda self, *a: stretches.append(a) or steps(self, *a))
-    _fast_against_plain(monkeypatch, config, "ADAPTIVE_RUNS", "_adaptive_run")
-    assert len(stretches) > len(runs_taken) > 0
+    _goes_on_past_a_finish(monkeypatch, config, "ADAPTIVE_RUNS", "_adaptive_run", "_adaptive_steps")

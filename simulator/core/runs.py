@@ -396,9 +396,7 @@ class DecodeRuns:
             if 0 in left or clock >= arrival or steps >= horizon:
                 break
             context, remaining = context + remaining - (now := sum(left)), now
-        emitted = [t0 - t for t0, t in zip(left0, left)]
-        self.ctx = [c + e for c, e in zip(ctx0, emitted)]
-        self.left = left
+        emitted = self._settle(ctx0, left0, left)
         blocks, low, j = blocks0, min(proposed), len(recent)
         for before_j, proposed_j in recent:  # each step reserved max(b, ceil((c + k + 1) / bs)) over its context c
             j -= 1  # steps after this one: it reads at least j tokens less than the last, so it reserves no more
@@ -487,9 +485,7 @@ class DecodeRuns:
                     break
                 context += batch
             before, left = [t - steps + 1 for t in left0], [t - steps for t in left0]
-        emitted = [t0 - t for t0, t in zip(left0, left)]
-        self.ctx = [c + e for c, e in zip(ctx0, emitted)]
-        self.left = left
+        emitted = self._settle(ctx0, left0, left)
         # the last step reserved ceil((c + k + 1) / bs) over its context c (the most of any step of the run)
         self.blocks = [n if (n := (c + t0 - t + k + bs) // bs) > b else b
                        for c, t0, t, b in zip(ctx0, left0, before, blocks0)]
@@ -537,9 +533,7 @@ class DecodeRuns:
             if 0 in left or clock >= arrival or steps >= horizon:
                 break
             context, remaining = context + remaining - (now := sum(left)), now
-        emitted = [t0 - t for t0, t in zip(left0, left)]
-        self.ctx = [c + e for c, e in zip(ctx0, emitted)]
-        self.left = left
+        emitted = self._settle(ctx0, left0, left)
         self.blocks = held
         self.free_blocks -= sum(held) - sum(blocks0)
         for totals, e, p, a, t in zip(self.totals, emitted, proposed_sum, accepted, before):
@@ -551,6 +545,14 @@ class DecodeRuns:
                 totals[3] += e - steps + spec_steps
         self.rec.num_steps += steps
         return clock, steps
+
+    def _settle(self, ctx0: list[int], left0: list[int], left: list[int]) -> list[int]:
+        """After a stretch of steps from contexts ``ctx0`` and tokens left ``left0`` to ``left``: the batch's contexts
+        and tokens left set, and the tokens each request emitted returned."""
+        emitted = [t0 - t for t0, t in zip(left0, left)]
+        self.ctx = [c + e for c, e in zip(ctx0, emitted)]
+        self.left = left
+        return emitted
 
     def _uniform_pricer(self, batch: int, k: int):
         """The seconds of a step of ``batch`` requests all proposing ``k``, as a function of their context total:
