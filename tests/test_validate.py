@@ -93,14 +93,17 @@ def test_a_timing_twin_decides_acceptance_alike_in_both_engines(tiny):
         assert run.summary["tokens"].startswith("meaningless") and run.summary["forward"] == "optimized"
 
 
-def test_the_twin_and_its_paired_simulation_meet_the_same_draws(tiny):
+def test_the_twin_and_its_paired_simulation_meet_the_same_draws(tiny, monkeypatch):
     """Common random numbers: the real twin draws from the acceptance stream of the simulation of the same seed, so
     on the same batches (one request at a time, in arrival order) fixed k accepts exactly the same tokens in both
     engines, and the compared simulation is that paired run."""
     pair, profile, trace = tiny
     settings = ValidateSettings(pair="tiny", rates=(1e6,), policies=("fixed-k:2",), num_requests=4, output_len=20,
                                 max_num_seqs=1, profile=profile, acceptance_trace=trace, sim_seeds=3, twin=0.5)
+    reference = iter([0.5, 0.25])  # the reference pass, timed before and after the runs
+    monkeypatch.setattr("profiles.validation.validate.reference_seconds", lambda *args: next(reference))
     result = run_validation(pair, settings, log=lambda msg: None)
+    assert result.drift == {"reference_seconds_before": 0.5, "reference_seconds_after": 0.25, "after_over_before": 0.5}
     decisions = result.decisions.iloc[0]
     assert decisions["real_proposed_tokens"] == decisions["sim_proposed_tokens"] > 0
     assert decisions["real_accepted_tokens"] == decisions["sim_accepted_tokens"]

@@ -117,9 +117,9 @@ class ValidateSettings:
         for flag, path in files:
             if not Path(path).is_file():
                 raise UserError(f"{flag} {path}: no such file")
-        meta = meta_path(self.profile)
         if self.profile_now:
             return
+        meta = meta_path(self.profile)
         measured_for = (read_json(meta).get("engine") or {}).get("pair") if meta.is_file() else None
         if measured_for not in (None, self.pair):
             raise UserError(f"--profile {self.profile}: measured the {measured_for} pair's engine, not the "
@@ -266,17 +266,18 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
         Workload(np.zeros(len(warm_prompts)), [len(p) for p in warm_prompts], np.full(len(warm_prompts), 8), "warm-up"),
         warm_prompts)
     before = reference_seconds(pair, settings)
+
+    def speed_now() -> float:
+        """The machine's speed now relative to the profile's (1 unless it is an engine profile)."""
+        return machine_speed(pair, table.frame, spread, 0.0, settings.seed,
+                             table.meta.get("forward") or "eager") if engine_profile else 1.0
     for rate, (workload, prompts) in runs.items():
         for spec, (name, k, params) in zip(settings.policies, specs):
             if settings.max_seconds is not None and time.monotonic() - started > settings.max_seconds:
                 log(f"rate {rate:g} {spec}: not run, past --max-seconds {settings.max_seconds:g}")
                 continue
             k = settings.k if k is None else k
-
-            def speed_now() -> float:
-                return machine_speed(pair, table.frame, spread, 0.0, settings.seed,
-                                     table.meta.get("forward") or "eager") if engine_profile else 1.0
-            before = speed_now()
+            speed_before = speed_now()
             config = simulation_config(workload, name, k, params, settings.profile, settings.acceptance_trace,
                                        settings.fitter, settings.max_num_seqs, settings.max_num_batched_tokens,
                                        rate=rate, twin=settings.twin)
@@ -285,8 +286,8 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
             result = engine.run(workload, prompts)
             real[(rate, spec)] = result
             # the machine's speed over the run: timed just before and just after it (a shared machine drifts)
-            after = speed_now()
-            speed = float(np.sqrt(before * after))
+            speed_after = speed_now()
+            speed = float(np.sqrt(speed_before * speed_after))
             calibrated = scaled_profile(table, speed, Path(scratch.name) / f"speed{len(rows)}.csv")
             seeds = [settings.seed + s for s in range(settings.sim_seeds)]
             # step by step: draws consumed as the real engine consumes them (common random numbers, twin())
@@ -309,7 +310,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
                              "rel_error": (s - r) / r if r else np.nan, "sim_calibrated": c,
                              "rel_error_calibrated": (c - r) / r if r else np.nan, "speed": speed,
                              "real_noise": noise.get(metric, np.nan), "error_noise": error_noise.get(metric, np.nan),
-                             "speed_before": before, "speed_after": after,
+                             "speed_before": speed_before, "speed_after": speed_after,
                              "sim_seed_spread": seed_spread[metric] / r if r and metric in seed_spread else np.nan})
             decisions.append({"rate": rate, "policy": spec,
                               **{f"real_{key}": value for key, value in decision_figures(result.steps).items()},
