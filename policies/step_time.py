@@ -232,13 +232,14 @@ def catchup_step_seconds(cost_model: StepCosts, context_lens: list[int], ks: lis
     all ``sum lags[i]`` tokens, or ``n_1 max lags[i]`` where the cost model's ``batch_layout`` is ``padded``. For a
     cost model whose ``prices_catchup`` is true; with every lag 1 it is the plain formula's step."""
     shape = step_shape(context_lens, ks)
-    drafts = [cost_model.draft_time(seqs, tokens) for seqs, tokens in shape.draft_passes]
-    if drafts:
+    drafts = []
+    if shape.draft_passes:
         lag = [g for g, k in zip(lags, ks) if k]
-        seqs, tokens = shape.draft_passes[0]
+        (seqs, tokens), *rest = shape.draft_passes
         # ragged (vLLM): the lags packed; padded (this project's real engine): every sequence fed the longest lag
         fed = seqs * max(lag) if getattr(cost_model, "batch_layout", "ragged") == "padded" else sum(lag)
-        drafts[0] = cost_model.draft_time(seqs, tokens + seqs - sum(lag), fed)
+        drafts = [cost_model.draft_time(seqs, tokens + seqs - sum(lag), fed)]
+        drafts += [cost_model.draft_time(s, t) for s, t in rest]
     return step_seconds(cost_model.target_time(shape.batch_size, shape.query_tokens, shape.context_tokens),
                         cost_model.overhead_time(shape.batch_size), drafts)
 

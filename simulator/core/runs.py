@@ -406,15 +406,12 @@ class DecodeRuns:
                       for c, t0, t, q, b in zip(ctx0, left0, before_j, proposed_j, blocks)]
         self.blocks = blocks
         self.free_blocks -= sum(blocks) - sum(blocks0)
-        if spec_steps or own_proposed is not None:
-            for i, (totals, e, a, t) in enumerate(zip(self.totals, emitted, accepted, before)):
-                p, n = (spec_proposed, spec_steps) if own_proposed is None else (spec_proposed + own_proposed[i],
-                                                                                  spec_steps + own_steps[i])
-                if p:
-                    totals[0] += p
-                    totals[1] += e - steps + (1 if a >= t else 0)
-                    totals[2] += n
-                    totals[3] += e - steps + n
+        if own_proposed is not None:
+            self._add_totals(emitted, accepted, before, steps, [spec_proposed + p for p in own_proposed],
+                             [spec_steps + n for n in own_steps])
+        elif spec_steps:
+            self._add_totals(emitted, accepted, before, steps, [spec_proposed] * len(emitted),
+                             [spec_steps] * len(emitted))
         self.rec.num_steps += steps
         return clock, steps
 
@@ -536,15 +533,22 @@ class DecodeRuns:
         emitted = self._settle(ctx0, left0, left)
         self.blocks = held
         self.free_blocks -= sum(held) - sum(blocks0)
-        for totals, e, p, a, t in zip(self.totals, emitted, proposed_sum, accepted, before):
-            if p:
-                spec_steps = p // k
-                totals[0] += p
-                totals[1] += e - steps + (1 if a >= t else 0)
-                totals[2] += spec_steps
-                totals[3] += e - steps + spec_steps
+        self._add_totals(emitted, accepted, before, steps, proposed_sum, [p // k for p in proposed_sum])
         self.rec.num_steps += steps
         return clock, steps
+
+    def _add_totals(self, emitted: list[int], accepted: list[int], before: list[int], steps: int,
+                    proposed: list[int], spec_steps: list[int]) -> None:
+        """Add a stretch of ``steps`` steps to each request's speculative totals: it proposed ``proposed[i]`` tokens in
+        ``spec_steps[i]`` steps and emitted ``emitted[i]`` tokens, one a step plus its accepted ones, all accepted
+        ones emitted but in the last step, whose ``accepted[i]`` were capped by the ``before[i]`` tokens it had left
+        (integers: the per-step adds' totals)."""
+        for totals, e, a, t, p, n in zip(self.totals, emitted, accepted, before, proposed, spec_steps):
+            if p:
+                totals[0] += p
+                totals[1] += e - steps + (1 if a >= t else 0)
+                totals[2] += n
+                totals[3] += e - steps + n
 
     def _settle(self, ctx0: list[int], left0: list[int], left: list[int]) -> list[int]:
         """After a stretch of steps from contexts ``ctx0`` and tokens left ``left0`` to ``left``: the batch's contexts
