@@ -70,8 +70,9 @@ CPU_PREFILL_BATCH_SIZES = (1, 2, 4, 8)
 #: :func:`profile_engine`).
 CPU_TIMING = TimingPolicy(warmup=1, min_repeats=1, max_repeats=1, rel_tol=0.02, point_seconds=1.5)
 CPU_ROUNDS = 9
-#: Timing of :func:`machine_speed`'s points.
-CALIBRATION_TIMING = TimingPolicy(warmup=1, min_repeats=5, max_repeats=5, rel_tol=0.02, point_seconds=2.0)
+#: Timing of :class:`SpeedProbe`'s points: one pass each, as :data:`CPU_TIMING` times the profile's (the
+#: repeats come from calling the probe again).
+PROBE_TIMING = TimingPolicy(warmup=0, min_repeats=1, max_repeats=1, rel_tol=0.02, point_seconds=2.0)
 OVERHEAD_K = 3
 OVERHEAD_OUTPUT_LEN = 16
 
@@ -205,34 +206,71 @@ def point_pass(pair: ModelPair, runner: StepRunner, key: tuple, spread: float, r
     return lambda: runner.verify(batch, last, proposals, qs), lambda: batch.truncate(lengths)
 
 
+class SpeedProbe:
+    """How much slower the machine runs now than when ``profile`` was measured, timed on a few of the profile's
+    own points (target decode at the middle context: the smallest batch with q = 1, the largest with q = 1 and
+    with the largest q; the draft at the largest batch; one prompt of the middle prefill length): a shared
+    machine's speed drifts by several percent over minutes.
+
+    One call times each point once, in turn and without warm-up, as the profile's rounds time them
+    (:data:`CPU_TIMING`: a shape timed over and over in a tight loop runs 3-5% faster on a CPU), and keeps
+    seconds now / seconds then per point (:attr:`samples`); :meth:`speed` is the median over the points of each
+    point's mean ratio. The mean, not the median, of the passes now: a run's latency adds up its passes, so its
+    expected time follows their mean, and on a shared machine a pass's time has a long right tail (the engine's
+    decode passes in a CPU validation run: mean 1.04-1.14x their median), which the profile's median omits. The
+    caches are built, and each pass run once untimed, when the probe is made. Validate calls it around and during
+    every real run (:attr:`profiles.serving.engine.EngineConfig.probe_every`)."""
+
+    def __init__(self, pair: ModelPair, profile: pd.DataFrame, spread: float, temperature: float,
+                 seed: int = 0, forward_path: str = "eager") -> None:
+        rng = np.random.default_rng(seed)
+        runner = StepRunner(pair.target, pair.draft, temperature, rng)
+        decode = profile[(profile["phase"] == "decode") & (profile["query_len"] == 1)]
+        contexts = sorted(decode["context_len"].unique())
+        middle = contexts[len(contexts) // 2]
+        picks = [("target", decode["batch_size"].min()), ("target", decode["batch_size"].max()),
+                 ("draft", decode["batch_size"].max())]
+        keys = [(role, "decode", int(b), 1, int(middle)) for role, b in picks]
+        verify = profile[(profile["role"] == "target") & (profile["phase"] == "decode")]
+        keys.append(("target", "decode", int(decode["batch_size"].max()), int(verify["query_len"].max()), int(middle)))
+        prefill = profile[(profile["role"] == "target") & (profile["phase"] == "prefill")]
+        if len(prefill):
+            ones = prefill[prefill["batch_size"] == prefill["batch_size"].min()].sort_values("query_len")
+            row = ones.iloc[len(ones) // 2]
+            keys.append(("target", "prefill", int(row["batch_size"]), int(row["query_len"]), 0))
+        seconds = profile.set_index(["role", "phase", "batch_size", "query_len", "context_len"])["seconds"]
+        generator = torch.Generator(device=pair.target.device).manual_seed(seed)
+        self._sync = lambda: forward.synchronize(pair.target.device)  # noqa: E731
+        self._points = [(key, *point_pass(pair, runner, key, spread, rng, generator, forward_path=forward_path),
+                         float(seconds[key])) for key in keys]
+        for _, run, reset, _ in self._points:  # the first pass on a new cache pays for allocations
+            run()
+            reset()
+        self.samples: list[tuple[tuple, float]] = []
+        """(point, seconds now / seconds in the profile), one per point and call, in the order taken."""
+
+    def __call__(self) -> None:
+        """Time each point once (see the class docstring)."""
+        for key, run, reset, then in self._points:
+            self.samples.append((key, measure(run, reset, self._sync, PROBE_TIMING).median / then))
+
+    def speed(self, since: int = 0) -> float:
+        """The machine's speed relative to the profile's (> 1: slower now) over ``samples[since:]``: the median
+        over the points of each point's mean ratio."""
+        ratios: dict[tuple, list[float]] = {}
+        for key, ratio in self.samples[since:]:
+            ratios.setdefault(key, []).append(ratio)
+        return float(np.median([np.mean(r) for r in ratios.values()]))
+
+
 def machine_speed(pair: ModelPair, profile: pd.DataFrame, spread: float, temperature: float,
-                  seed: int = 0, forward_path: str = "eager") -> float:
-    """How much slower the machine runs now than when ``profile`` was measured: the median over a few of the
-    profile's own points (target decode at the middle context: the smallest batch with q = 1, the largest
-    with q = 1 and with the largest q; the draft at the largest batch; one prompt of the middle prefill
-    length) of seconds now / seconds then. A shared machine's speed drifts by several percent over minutes."""
-    rng = np.random.default_rng(seed)
-    runner = StepRunner(pair.target, pair.draft, temperature, rng)
-    decode = profile[(profile["phase"] == "decode") & (profile["query_len"] == 1)]
-    middle = sorted(decode["context_len"].unique())[len(decode["context_len"].unique()) // 2]
-    picks = [("target", decode["batch_size"].min()), ("target", decode["batch_size"].max()),
-             ("draft", decode["batch_size"].max())]
-    keys = [(role, "decode", int(b), 1, int(middle)) for role, b in picks]
-    verify = profile[(profile["role"] == "target") & (profile["phase"] == "decode")]
-    keys.append(("target", "decode", int(decode["batch_size"].max()), int(verify["query_len"].max()), int(middle)))
-    prefill = profile[(profile["role"] == "target") & (profile["phase"] == "prefill")]
-    if len(prefill):
-        ones = prefill[prefill["batch_size"] == prefill["batch_size"].min()].sort_values("query_len")
-        row = ones.iloc[len(ones) // 2]
-        keys.append(("target", "prefill", int(row["batch_size"]), int(row["query_len"]), 0))
-    seconds = profile.set_index(["role", "phase", "batch_size", "query_len", "context_len"])["seconds"]
-    generator = torch.Generator(device=pair.target.device).manual_seed(seed)
-    sync = lambda: forward.synchronize(pair.target.device)  # noqa: E731
-    ratios = []
-    for key in keys:
-        run, reset = point_pass(pair, runner, key, spread, rng, generator, forward_path=forward_path)
-        ratios.append(measure(run, reset, sync, CALIBRATION_TIMING).median / float(seconds[key]))
-    return float(np.median(ratios))
+                  seed: int = 0, forward_path: str = "eager", calls: int = 3) -> float:
+    """The machine's speed now relative to ``profile``'s (> 1: slower now): a :class:`SpeedProbe` called ``calls``
+    times."""
+    probe = SpeedProbe(pair, profile, spread, temperature, seed, forward_path)
+    for _ in range(calls):
+        probe()
+    return probe.speed()
 
 
 def measure_overhead(pair: ModelPair, settings: EngineProfileSettings,

@@ -255,6 +255,24 @@ def test_the_timing_twin_takes_its_acceptances_from_the_model_and_says_tokens_ar
     assert lossless.summary["tokens"] == "lossless" and lossless.summary["acceptance_rate"] < 0.5
 
 
+def test_speed_probes_run_with_the_engines_clock_stopped(pair, requests):
+    """A probe taking 0.5 s, called every 50 ms of the engine's clock: it runs several times, yet no request's
+    latency holds any of it (the tiny models serve the whole workload in about 0.2 s), and the outputs are those
+    of a run without probes."""
+    import time
+
+    workload, prompts = requests
+    calls = []
+    probe = lambda: (calls.append(1), time.sleep(0.5))  # noqa: E731
+    engine = RealEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=4, max_k=3, probe_every=0.05),
+                        make_policy("fixed-k", 3), COST, np.random.default_rng(0), probe=probe)
+    result = engine.run(workload, prompts)
+    assert result.summary["probes"] == len(calls) >= 2
+    assert result.summary["probe_seconds"] >= 0.5 * len(calls)
+    assert result.requests["latency"].max() < 0.5
+    assert result.outputs == serve(pair, pair.draft, workload, prompts, "fixed-k", 3, 4).outputs
+
+
 def test_the_draft_lags_as_the_step_protocol_says(pair, requests):
     """After every decode step each request's pending tokens (in its context, not yet in the draft cache) number
     what :func:`policies.protocol.draft_lag` says, the simulator's rule for pricing the catch-up pass: here a

@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 from policies.registry import make_policy  # noqa: E402
 from profiles.acceptance import write_trace  # noqa: E402
 from profiles.serving.engine import EngineConfig, RealEngine  # noqa: E402
-from profiles.engine_profile import EngineProfileSettings, profile_engine  # noqa: E402
+from profiles.engine_profile import EngineProfileSettings, SpeedProbe, profile_engine  # noqa: E402
 from profiles.models.pairs import load_pair  # noqa: E402
 from profiles.grid import Grid  # noqa: E402
 from profiles.profiler import TimingPolicy  # noqa: E402
@@ -21,6 +21,7 @@ from profiles.validation.validate import (PRESETS, ValidateSettings, bootstrap_n
                                          step_parts)
 from run_sim import main as cli_main  # noqa: E402
 from simulator.costs.cost_model import model_from_dict  # noqa: E402
+from simulator.costs.profile_table import read_profile  # noqa: E402
 from policies.errors import UserError  # noqa: E402
 from simulator.inputs.workload import Workload  # noqa: E402
 
@@ -71,6 +72,15 @@ def test_the_simulated_latency_is_close_to_the_real_engines(tiny):
         assert run.requests["output_tokens"].tolist() == [16] * 16
     parts = result.parts.groupby("part")[["measured", "predicted"]].sum()
     assert parts.loc["draft", "measured"] > 0 and parts.loc["draft", "predicted"] > 0
+    # each run's calibration is the speed over every probe taken just before, during and just after it: per
+    # profile point the mean ratio, then the median over the points
+    for (rate, policy), run in result.probes.groupby(["rate", "policy"]):
+        assert run["sample"].tolist() == list(range(len(run)))
+        assert len(run) > 4 * run.groupby(["role", "phase", "batch_size", "query_len"]).ngroups  # some during it
+        per_point = run.groupby(["role", "phase", "batch_size", "query_len", "context_len"])["ratio"].mean()
+        row = table[(table["rate"] == rate) & (table["policy"] == policy)].iloc[0]
+        assert row["speed"] == pytest.approx(per_point.median())
+        assert np.isfinite(row[["speed_before", "speed_during", "speed_after"]].astype(float)).all()
 
 
 def test_a_timing_twin_decides_acceptance_alike_in_both_engines(tiny):
@@ -108,6 +118,23 @@ def test_the_twin_and_its_paired_simulation_meet_the_same_draws(tiny, monkeypatc
     assert decisions["real_proposed_tokens"] == decisions["sim_proposed_tokens"] > 0
     assert decisions["real_accepted_tokens"] == decisions["sim_accepted_tokens"]
     assert result.table["sim_seed_spread"].notna().any()
+
+
+def test_a_speed_probe_times_the_profiles_own_points_and_takes_medians(tiny):
+    """One call times each chosen profile point once (seconds now / seconds in the profile); the speed is the
+    median over points of each point's mean ratio (a pass's tail counts: latencies add passes up), over the
+    samples asked for."""
+    pair, profile, _ = tiny
+    probe = SpeedProbe(pair, read_profile(profile).frame, 0.0, 0.0)
+    probe()
+    probe()
+    keys = [key for key, _ in probe.samples]
+    points = len(keys) // 2
+    assert keys == keys[:points] * 2 and points == 5 and all(r > 0 for _, r in probe.samples)
+    a, b, c = keys[:3]
+    probe.samples = [(a, 1.0), (a, 3.0), (b, 2.0), (c, 10.0), (c, 0.5), (c, 0.5)]
+    assert probe.speed() == 2.0  # means: a 2, b 2, c 11 / 3
+    assert probe.speed(since=3) == pytest.approx(11 / 3)
 
 
 def test_step_parts_price_each_real_step_with_the_cost_model():
@@ -159,7 +186,8 @@ def test_the_decision_a_user_makes_is_read_off_the_latency_table():
     for rate, real, sim in ((1.0, (3.0, 2.0, 1.5), (3.1, 2.1, 1.6)), (4.0, (4.0, 3.5, 3.8), (4.2, 3.9, 3.7)),
                             (8.0, (6.0, 7.0, 6.5), (6.1, 6.9, 6.0))):
         for policy, r, s_ in zip(("no-spec", "fixed-k:3", "goodput"), real, sim):
-            rows.append({"rate": rate, "policy": policy, "metric": "mean_latency", "real": r, "sim": s_})
+            rows.append({"rate": rate, "policy": policy, "metric": "mean_latency", "real": r, "sim": s_,
+                         "speed": 1.2 if (rate, policy) == (8.0, "goodput") else 1.0})
     choices = policy_choices(pd.DataFrame(rows))
     assert choices[["rate", "best_real", "best_sim", "same_choice"]].values.tolist() == [
         [1.0, "goodput", "goodput", True], [4.0, "fixed-k:3", "goodput", False], [8.0, "no-spec", "goodput", False]]
@@ -167,12 +195,18 @@ def test_the_decision_a_user_makes_is_read_off_the_latency_table():
     assert choices["real_margin"].tolist() == pytest.approx([2.0 / 1.5 - 1, 3.8 / 3.5 - 1, 6.5 / 6.0 - 1])
     assert choices["sim_pick_real_cost"].tolist() == pytest.approx([0.0, 3.8 / 3.5 - 1, 6.5 / 6.0 - 1])
     assert choices["speculation_pays_real"].tolist() == [True, True, False]
+    # goodput's real run at 8 req/s met a machine 1.2x slower than the profile's: at the profile's speed it is the
+    # fastest (6.5 / 1.2 < 6.0), as simulated
+    assert choices[["best_normalized", "same_choice_normalized"]].values.tolist() == [
+        ["goodput", True], ["fixed-k:3", False], ["goodput", True]]
     assert crossover(choices, "real") == 8.0 and np.isnan(crossover(choices, "sim"))
     # each speculative policy against no-spec, per rate: where its payoff changes sign is its crossover
     payoffs = policy_payoffs(pd.DataFrame(rows)).set_index(["rate", "policy"])
     assert payoffs.loc[(4.0, "fixed-k:3"), ["pays_real", "pays_sim", "same_call"]].tolist() == [True, True, True]
     assert payoffs.loc[(8.0, "goodput"), ["pays_real", "pays_sim", "same_call"]].tolist() == [False, True, False]
     assert payoffs.loc[(1.0, "goodput"), "real_vs_no_spec"] == pytest.approx(0.5)
+    assert payoffs.loc[(8.0, "goodput"), ["normalized_vs_no_spec", "same_call_normalized"]].tolist() == [
+        pytest.approx(6.5 / 1.2 / 6.0), True]
     without_baseline = policy_choices(pd.DataFrame([r for r in rows if r["policy"] != "no-spec"]))
     assert without_baseline["speculation_pays_real"].isna().all() and np.isnan(crossover(without_baseline, "real"))
 

@@ -33,6 +33,11 @@ convention). The draft cache may lag further: a request's ``pending`` tokens are
 in the draft cache (the newest token, plus a fully accepted last draft token, plus every token of steps in
 which nobody speculated); the first draft pass of a step feeds them all.
 
+Speed probes (``probe`` given, ``EngineConfig.probe_every`` > 0): every ``probe_every`` seconds of the engine's clock,
+between steps, the engine calls ``probe()`` (validate times a few of the cost profile's own points with it, so that
+the machine's speed is measured during the run, not only around it) with its clock stopped: the run's timeline (arrivals,
+steps, latencies) is as if the probe had not run.
+
 Timing twin (``acceptance`` given): the accept/reject decisions are drawn from one of the simulator's
 acceptance models (:mod:`simulator.inputs.acceptance`) instead of comparing tokens: a_i accepted of the p_i
 proposed, the next token the target's argmax after them. Every pass runs as in lossless mode, so the costs
@@ -55,7 +60,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -111,6 +116,8 @@ class EngineConfig:
     """Forward path: ``eager`` (Hugging Face as is) or ``optimized`` (in-place cache, CUDA graphs on a GPU)."""
     cuda_graphs: bool = True
     """On the optimized path on a GPU: replay captured CUDA graphs."""
+    probe_every: float = 0.0
+    """Seconds of the engine's clock between calls of the run's ``probe`` (its clock stopped meanwhile); 0: none."""
 
     def __post_init__(self) -> None:
         self.serving_config()  # the shared fields, checked as the simulator checks them
@@ -122,6 +129,8 @@ class EngineConfig:
             raise UserError(f"engine: temperature must be >= 0 (got {self.temperature})")
         if self.ngram_max < self.ngram_min:
             raise UserError(f"engine: ngram_max must be >= ngram_min (got {self.ngram_max} < {self.ngram_min})")
+        if not self.probe_every >= 0:
+            raise UserError(f"engine: probe_every must be >= 0 seconds (got {self.probe_every})")
 
     def serving_config(self, **fields: Any) -> SimConfig:
         """A simulator config with this engine's serving fields (and ``fields``)."""
@@ -281,12 +290,14 @@ class RealEngine:
 
     def __init__(self, target: PreTrainedModel, draft: PreTrainedModel | None, config: EngineConfig,
                  policy: Policy, cost_model: CostModel | None, rng: np.random.Generator,
-                 acceptance: AcceptanceModel | None = None) -> None:
+                 acceptance: AcceptanceModel | None = None, probe: Callable[[], Any] | None = None) -> None:
         """``cost_model``: what the policy's :class:`BatchView` offers (None for policies that need none, such as
         ``fixed-k``); ``rng``: the draws of sampling; ``acceptance``: the timing twin's accept/reject decisions
-        (None: lossless, decided by the tokens)."""
+        (None: lossless, decided by the tokens); ``probe``: called every ``config.probe_every`` seconds of the
+        engine's clock, the clock stopped (module docstring)."""
         self.config = config
         self.acceptance = acceptance
+        self.probe = probe if config.probe_every > 0 else None
         self.policy = policy
         self.cost_model = cost_model
         self.speculative = is_speculative(policy.name, config.max_k)
@@ -342,9 +353,16 @@ class RealEngine:
         arrivals = workload.arrival_time.tolist()
         arrived = 0
         self._captured_before = self._captured()
+        self._paused, probes, next_probe = 0.0, 0, 0.0
         self._start = time.perf_counter()
         while self.rec.finished < n:
             step_start = self._now()
+            if self.probe is not None and step_start >= next_probe:
+                paused = time.perf_counter()
+                self.probe()
+                self._paused += time.perf_counter() - paused
+                probes, next_probe = probes + 1, step_start + cfg.probe_every
+                continue
             while arrived < n and arrivals[arrived] <= step_start:
                 self.waiting.append(arrived)
                 arrived += 1
@@ -365,6 +383,7 @@ class RealEngine:
                         "workload": workload.source, "temperature": cfg.temperature, "proposer": cfg.proposer,
                         "forward": cfg.forward,
                         "graph_capture_seconds": round(self._captured() - self._captured_before, 3),
+                        "probes": probes, "probe_seconds": round(self._paused, 3),
                         "tokens": ("meaningless: accept/reject drawn from the "
                                    f"{self.acceptance.name} acceptance model (timing twin)")
                         if self.acceptance is not None else "lossless"})
@@ -382,9 +401,9 @@ class RealEngine:
         return sum(kv.capture_seconds for kv in (self.target_kv, self.draft_kv) if kv is not None)
 
     def _now(self) -> float:
-        """Seconds since the run started, graph capture excluded (the steps' parts are timed on this clock too,
-        so a pass that captured a graph counts only its replay)."""
-        return time.perf_counter() - self._start - (self._captured() - self._captured_before)
+        """Seconds since the run started, graph capture and speed probes excluded (the steps' parts are timed on
+        this clock too, so a pass that captured a graph counts only its replay)."""
+        return time.perf_counter() - self._start - self._paused - (self._captured() - self._captured_before)
 
     def _prefill_step(self, admitted: list[int], step_start: float) -> None:
         runner = self.runner

@@ -12,9 +12,10 @@ tokens each. Each policy serves it twice:
   measured acceptance replayed (``--acceptance-trace``), no KV-block limit (as the engine), averaged over
   ``--sim-seeds`` seeds of the acceptance replay;
 - **simulated, calibrated**: the same with every profile time multiplied by the machine's speed during the real
-  run relative to when the profile was measured (:func:`profiles.engine_profile.machine_speed`, re-timing a few
-  profile points just before and just after the real run; their geometric mean): a shared machine's speed drifts
-  by 5-15% over minutes, which is not the simulator's error.
+  run relative to when the profile was measured (:class:`profiles.engine_profile.SpeedProbe`, re-timing a few
+  profile points twice just before the real run, every ``--probe-every`` seconds during it with the engine's
+  clock stopped, and twice just after): a shared machine's speed drifts by 5-25% over minutes, within a run too,
+  which is not the simulator's error. ``speed_before``, ``speed_during`` and ``speed_after`` say how it moved.
 
 Printed: the mean, p50 and p90 of latency, TTFT and TPOT and the throughput (requests/s), real and
 simulated (calibrated), with the relative errors (sim - real) / real and their median absolute value, the sampling
@@ -63,6 +64,8 @@ VALIDATION_PROFILE = HERE / "data" / "cpu__smollm2-135m__smollm2-draft.csv"
 VALIDATION_TRACE = HERE / "data" / "acceptance__smollm2.csv"
 METRICS = ["mean_latency", "p50_latency", "p90_latency", "mean_ttft", "p50_ttft", "p90_ttft",
            "mean_tpot", "p50_tpot", "p90_tpot", "throughput"]
+#: Columns of ``speed_probes.csv`` (:attr:`Validation.probes`).
+PROBE_COLUMNS = ["rate", "policy", "sample", "role", "phase", "batch_size", "query_len", "context_len", "ratio"]
 #: More KV blocks than any validation run uses: the engine has no block limit.
 UNLIMITED_BLOCKS = 1_000_000
 
@@ -95,6 +98,8 @@ class ValidateSettings:
     max_seconds: float | None = None
     profile_now: bool = False
     """Measure the engine's profile first, in this run (:func:`profile_now`), and validate against it."""
+    probe_every: float = 3.0
+    """Seconds of a real run between speed probes (engine profiles only; 0: probe only before and after it)."""
 
     def __post_init__(self) -> None:
         if self.pair not in PAIRS and "+" not in self.pair:
@@ -105,6 +110,8 @@ class ValidateSettings:
             raise UserError(f"--twin: the acceptance rate must be in [0, 1] (got {self.twin})")
         if self.prompt_len is not None and self.prompt_len < 1:
             raise UserError(f"--prompt-len: must be >= 1 (got {self.prompt_len})")
+        if not self.probe_every >= 0:
+            raise UserError(f"--probe-every: must be >= 0 seconds (got {self.probe_every})")
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise UserError(f"--max-seconds: must be > 0 (got {self.max_seconds})")
         if not self.rates or any(not r > 0 for r in self.rates):
@@ -139,6 +146,9 @@ class Validation:
     drift: dict[str, float]
     """The reference pass's median seconds before and after the runs, and their ratio (the machine's drift
     measured in the same run, :func:`reference_seconds`)."""
+    probes: pd.DataFrame
+    """Every speed probe's ratio (seconds now / seconds in the profile) per rate x policy, in the order taken:
+    ``sample`` counts from the first probe before the run (engine profiles only; else empty)."""
 
     def choices(self) -> pd.DataFrame:
         """What a user decides with, per rate: the policy with the lowest mean latency really and simulated
@@ -227,7 +237,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     from profiles.serving.engine import EngineConfig, RealEngine
     from simulator.inputs.acceptance import ConstantAcceptance
     from simulator.costs.cost_model import load_cost_model
-    from profiles.engine_profile import machine_speed
+    from profiles.engine_profile import SpeedProbe
     from simulator.costs.profile_table import read_profile
     from simulator.core.runner import random_streams, run_simulation
     from simulator.studies.specs import parse_policy_spec
@@ -242,9 +252,10 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     engine_profile = table.meta.get("engine") is not None
     spread = (table.meta.get("engine") or {}).get("decode_length_spread", 0.0)
 
-    def engine_config(config: typing.Any) -> EngineConfig:
+    def engine_config(config: typing.Any, probe_every: float = 0.0) -> EngineConfig:
         """The real engine's settings for what ``config`` simulates (the same serving fields)."""
-        return EngineConfig.from_sim_config(config, forward=settings.forward, cuda_graphs=settings.cuda_graphs)
+        return EngineConfig.from_sim_config(config, forward=settings.forward, cuda_graphs=settings.cuda_graphs,
+                                            probe_every=probe_every)
 
     def twin(seed: int) -> ConstantAcceptance | None:
         """The twin's acceptance model on the acceptance stream of the simulation of ``seed``: the real run and the
@@ -253,7 +264,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
         return None if settings.twin is None else ConstantAcceptance(settings.twin, random_streams(seed)[2])
     scratch = tempfile.TemporaryDirectory(prefix="specsim-validate-")
     specs = [parse_policy_spec(s) for s in settings.policies]
-    rows, parts, real, decisions = [], [], {}, []
+    rows, parts, real, decisions, probes = [], [], {}, [], []
     runs = workloads(settings, prompt_pool(pair, settings.seed, settings.prompt_len))
     # Warm up (first passes pay for lazy initialisation): two requests, speculating, not recorded.
     warm_prompts = next(iter(runs.values()))[1][:2]
@@ -266,28 +277,44 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
         Workload(np.zeros(len(warm_prompts)), [len(p) for p in warm_prompts], np.full(len(warm_prompts), 8), "warm-up"),
         warm_prompts)
     before = reference_seconds(pair, settings)
+    # the machine's speed relative to the profile's, re-timed around and during each run (1 unless an engine profile)
+    probe = SpeedProbe(pair, table.frame, spread, 0.0, settings.seed, table.meta.get("forward") or "eager") \
+        if engine_profile else None
 
-    def speed_now() -> float:
-        """The machine's speed now relative to the profile's (1 unless it is an engine profile)."""
-        return machine_speed(pair, table.frame, spread, 0.0, settings.seed,
-                             table.meta.get("forward") or "eager") if engine_profile else 1.0
+    def speed_now(calls: int = 2) -> float:
+        """The machine's speed now: ``calls`` probes."""
+        if probe is None:
+            return 1.0
+        since = len(probe.samples)
+        for _ in range(calls):
+            probe()
+        return probe.speed(since)
     for rate, (workload, prompts) in runs.items():
         for spec, (name, k, params) in zip(settings.policies, specs):
             if settings.max_seconds is not None and time.monotonic() - started > settings.max_seconds:
                 log(f"rate {rate:g} {spec}: not run, past --max-seconds {settings.max_seconds:g}")
                 continue
             k = settings.k if k is None else k
+            first_sample = len(probe.samples) if probe else 0
             speed_before = speed_now()
             config = simulation_config(workload, name, k, params, settings.profile, settings.acceptance_trace,
                                        settings.fitter, settings.max_num_seqs, settings.max_num_batched_tokens,
                                        rate=rate, twin=settings.twin)
-            engine = RealEngine(pair.target, pair.draft, engine_config(config), make_policy(name, k, dict(params)),
-                                cost, np.random.default_rng(settings.seed), twin(settings.seed))
+            during = len(probe.samples) if probe else 0
+            engine = RealEngine(pair.target, pair.draft, engine_config(config, settings.probe_every if probe else 0.0),
+                                make_policy(name, k, dict(params)), cost, np.random.default_rng(settings.seed),
+                                twin(settings.seed), probe)
             result = engine.run(workload, prompts)
             real[(rate, spec)] = result
-            # the machine's speed over the run: timed just before and just after it (a shared machine drifts)
+            speed_during = probe.speed(during) if probe and len(probe.samples) > during else np.nan
             speed_after = speed_now()
-            speed = float(np.sqrt(speed_before * speed_after))
+            # the machine's speed over the run: every probe taken just before, during and just after it
+            speed = probe.speed(first_sample) if probe else 1.0
+            if probe:
+                probes.extend({"rate": rate, "policy": spec, "sample": i - first_sample, "role": key[0],
+                               "phase": key[1], "batch_size": key[2], "query_len": key[3], "context_len": key[4],
+                               "ratio": ratio} for i, (key, ratio) in enumerate(probe.samples[first_sample:],
+                                                                                start=first_sample))
             calibrated = scaled_profile(table, speed, Path(scratch.name) / f"speed{len(rows)}.csv")
             seeds = [settings.seed + s for s in range(settings.sim_seeds)]
             # step by step: draws consumed as the real engine consumes them (common random numbers, twin())
@@ -310,21 +337,22 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
                              "rel_error": (s - r) / r if r else np.nan, "sim_calibrated": c,
                              "rel_error_calibrated": (c - r) / r if r else np.nan, "speed": speed,
                              "real_noise": noise.get(metric, np.nan), "error_noise": error_noise.get(metric, np.nan),
-                             "speed_before": speed_before, "speed_after": speed_after,
+                             "speed_before": speed_before, "speed_during": speed_during, "speed_after": speed_after,
                              "sim_seed_spread": seed_spread[metric] / r if r and metric in seed_spread else np.nan})
             decisions.append({"rate": rate, "policy": spec,
                               **{f"real_{key}": value for key, value in decision_figures(result.steps).items()},
                               **{f"sim_{key}": value for key, value in pd.DataFrame(
                                   [decision_figures(r.steps) for r in sim_runs]).mean().items()}})
             parts.append(step_parts(result.steps, cost).assign(rate=rate, policy=spec, speed=speed))
-            log(f"rate {rate:g} {spec}: machine speed {speed:.3f} x the profile's; mean latency real "
+            log(f"rate {rate:g} {spec}: machine speed {speed:.3f} x the profile's (before {speed_before:.3f}, during "
+                f"{speed_during:.3f}, after {speed_after:.3f}); mean latency real "
                 f"{result.summary['mean_latency']:.3f} s, simulated {np.mean([x['mean_latency'] for x in sims]):.3f} s, "
                 f"calibrated {np.mean([x['mean_latency'] for x in sims_cal]):.3f} s")
     scratch.cleanup()
     drift = {"reference_seconds_before": before, "reference_seconds_after": reference_seconds(pair, settings)}
     drift["after_over_before"] = drift["reference_seconds_after"] / before
     return Validation(pd.DataFrame(rows), pd.concat(parts, ignore_index=True), real,
-                      pd.DataFrame(decisions).fillna(0.0), drift)
+                      pd.DataFrame(decisions).fillna(0.0), drift, pd.DataFrame(probes, columns=PROBE_COLUMNS))
 
 
 def reference_seconds(pair: ModelPair, settings: ValidateSettings, repeats: int = 21) -> float:
@@ -390,16 +418,28 @@ def decision_figures(steps: pd.DataFrame) -> dict[str, float]:
     return out
 
 
+def normalized_real(latency: pd.DataFrame) -> pd.DataFrame:
+    """``latency`` (rows of one metric) with ``normalized``: each real figure divided by its run's machine speed
+    (``speed``, relative to the profile's). The runs of a rate's policies follow one another, minutes apart, and a
+    shared machine's speed moves by more than the margins between policies (5-10% within one validation run),
+    so the raw real figures compare policies on different machines; divided by the speed, they compare them on
+    the profile's machine, as the uncalibrated simulation does (to first order: a queue's latency is not exactly
+    proportional to its passes' times)."""
+    return latency.assign(normalized=latency["real"] / latency["speed"])
+
+
 def policy_choices(table: pd.DataFrame) -> pd.DataFrame:
     """Per rate: the policy of lowest mean latency, real and simulated, whether they agree, and whether
     speculation pays (a speculative policy beats no-spec; needs no-spec among the policies); ``real_margin``: how
     much slower the real runner-up was than the real best (relative); ``sim_pick_real_cost``: how much slower the
-    simulator's pick really was than the real best (0 when they agree)."""
-    latency = table[table["metric"] == "mean_latency"]
+    simulator's pick really was than the real best (0 when they agree). ``best_normalized`` and
+    ``same_choice_normalized``: the same on the real latencies divided by each run's machine speed
+    (:func:`normalized_real`)."""
+    latency = normalized_real(table[table["metric"] == "mean_latency"])
     rows = []
     for rate, part in latency.groupby("rate"):
         row = {"rate": rate}
-        for side in ("real", "sim"):
+        for side in ("real", "sim", "normalized"):
             best = part.loc[part[side].idxmin()]
             row[f"best_{side}"] = best["policy"]
             plain = part[part["policy"] == "no-spec"]
@@ -408,6 +448,7 @@ def policy_choices(table: pd.DataFrame) -> pd.DataFrame:
             row[f"speculation_pays_{side}"] = bool(spec[side].min() < plain[side].iloc[0]) \
                 if len(plain) and len(spec) else None
         row["same_choice"] = row["best_real"] == row["best_sim"]
+        row["same_choice_normalized"] = row["best_normalized"] == row["best_sim"]
         real = part.set_index("policy")["real"].sort_values()
         # how clear the real engine's choice was, and what the simulator's pick costs really
         row["real_margin"] = float(real.iloc[1] / real.iloc[0] - 1) if len(real) > 1 else float("nan")
@@ -419,19 +460,22 @@ def policy_choices(table: pd.DataFrame) -> pd.DataFrame:
 def policy_payoffs(table: pd.DataFrame) -> pd.DataFrame:
     """Per rate and speculative policy: its mean latency over no-spec's, real and simulated (below 1: speculating
     that way pays), and whether the two sides agree on it paying. Where a policy's payoff changes sign between rates
-    is its crossover (needs no-spec among the policies; empty otherwise)."""
-    latency = table[table["metric"] == "mean_latency"]
+    is its crossover (needs no-spec among the policies; empty otherwise). ``normalized_vs_no_spec`` and
+    ``same_call_normalized``: on the real latencies divided by each run's machine speed (:func:`normalized_real`)."""
+    latency = normalized_real(table[table["metric"] == "mean_latency"])
     rows = []
     for rate, part in latency.groupby("rate"):
         plain = part[part["policy"] == "no-spec"]
         for row in part[part["policy"] != "no-spec"].itertuples():
             if len(plain):
                 real, sim = row.real / plain["real"].iloc[0], row.sim / plain["sim"].iloc[0]
+                normalized = row.normalized / plain["normalized"].iloc[0]
                 rows.append({"rate": rate, "policy": row.policy, "real_vs_no_spec": real, "sim_vs_no_spec": sim,
                              "pays_real": bool(real < 1), "pays_sim": bool(sim < 1),
-                             "same_call": bool((real < 1) == (sim < 1))})
+                             "same_call": bool((real < 1) == (sim < 1)), "normalized_vs_no_spec": normalized,
+                             "same_call_normalized": bool((normalized < 1) == (sim < 1))})
     return pd.DataFrame(rows, columns=["rate", "policy", "real_vs_no_spec", "sim_vs_no_spec", "pays_real", "pays_sim",
-                                       "same_call"])
+                                       "same_call", "normalized_vs_no_spec", "same_call_normalized"])
 
 
 def crossover(choices: pd.DataFrame, side: str) -> float:
@@ -596,6 +640,9 @@ def build_parser() -> _Parser:
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="optimized forward without CUDA graphs")
     p.add_argument("--max-seconds", type=float, help="start no new run after this many seconds")
+    p.add_argument("--probe-every", type=float, default=d.probe_every,
+                   help="seconds of a real run between speed probes, the engine's clock stopped meanwhile (engine "
+                        "profiles; 0: probes only just before and after each run)")
     p.add_argument("--profile-now", action="store_true",
                    help="measure the engine's profile first, in this run, into OUT/engine_profile.csv, and validate "
                         "against it (--profile is then unused)")
@@ -628,7 +675,7 @@ def main(argv: list[str]) -> int:
                                 threads=args.threads, seed=args.seed, draft_path=args.draft_path, twin=args.twin,
                                 prompt_len=args.prompt_len, device=args.device, dtype=args.dtype, forward=args.forward,
                                 cuda_graphs=args.cuda_graphs, max_seconds=args.max_seconds,
-                                profile_now=args.profile_now)
+                                profile_now=args.profile_now, probe_every=args.probe_every)
     from profiles.models import forward
     from profiles.models.pairs import load_pair
     from simulator.results import write_csv, write_json
@@ -648,6 +695,7 @@ def main(argv: list[str]) -> int:
     write_csv(out / "validate.csv", result.table)
     write_csv(out / "parts.csv", result.parts)
     write_csv(out / "decisions.csv", result.decisions)
+    write_csv(out / "speed_probes.csv", result.probes)
     choices = result.choices()
     write_csv(out / "choices.csv", choices)
     write_json(out / "drift.json", result.drift)
@@ -665,6 +713,10 @@ def main(argv: list[str]) -> int:
           f"alike on both sides) {figures['error_noise'].median():.1%}; machine drift over the run "
           f"{result.drift['after_over_before']:.3f}x (reference pass before/after)")
     print(f"\nthe decision, per rate (lowest mean latency):\n{choices.to_string(index=False)}")
+    print(f"the simulator picks the real engine's best policy at {choices['same_choice'].sum()} of {len(choices)} "
+          f"rates; at {choices['same_choice_normalized'].sum()} of {len(choices)} with each real run divided by its "
+          f"machine speed (the policies' runs met machines {result.table['speed'].min():.3f}.."
+          f"{result.table['speed'].max():.3f}x the profile's)")
     print(f"speculation stops paying at: real {crossover(choices, 'real'):g} req/s, simulated "
           f"{crossover(choices, 'sim'):g} req/s (nan: pays at every validated rate)")
     payoffs = policy_payoffs(result.table)
