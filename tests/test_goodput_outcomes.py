@@ -6,8 +6,6 @@ when requests differ in acceptance. Small runs on the analytical H200 profiles o
 requests here; ShareGPT-like lengths in the slow test)."""
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import pandas as pd
 import pytest

@@ -10,13 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from simulator.config import SimConfig
 from simulator.core.runner import run_simulation
-from simulator.results import FolderLock, write_json
+from simulator.results import FolderLock
 from simulator.studies import sweep as sweep_module
 from simulator.studies.cli import main
 from simulator.studies.executors import LocalExecutor
@@ -154,8 +153,6 @@ def test_an_extra_axis_is_kept_in_table_figures_and_never_overwrites_a_measured_
 
 
 def test_no_config_field_and_measured_figure_share_a_column(tmp_path, capsys):
-    from dataclasses import fields
-
     out = tmp_path / "o"
     assert main(sweep_argv(write_cost_json(tmp_path / "p.json"), out, "--grid", "cv=1,3", "--arrival", "gamma",
                            "--grid", "num_gpu_blocks=4000,5000")) == 0

@@ -256,8 +256,6 @@ def warn_saturated_cells(summary: Any) -> None:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    import pandas as pd
-
     from simulator.studies import plots
 
     out = Path(args.dir)

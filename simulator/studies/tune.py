@@ -88,7 +88,7 @@ def plot_tradeoff(table: pd.DataFrame, slo: Slo, path: str | Path, summary: pd.D
     ax.scatter([best["sustainable_rate"]], [best[f"{slo.metric}_at_lightest"]], s=80, facecolors="none",
                edgecolors="red", label=f"best: {best['policy']}")
     ax.axhline(slo.bound, color="red", lw=1, ls="--", label=f"SLO bound {slo.bound:g} {unit}")
-    finish_axis(ax, f"sustainable rate under the SLO (req/s)", f"{slo.metric} at the lightest load ({unit})")
+    finish_axis(ax, "sustainable rate under the SLO (req/s)", f"{slo.metric} at the lightest load ({unit})")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Tuning trade-off: one point per parameter setting")
     if summary is not None:
