@@ -295,22 +295,23 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
                 log(f"rate {rate:g} {spec}: not run, past --max-seconds {settings.max_seconds:g}")
                 continue
             k = settings.k if k is None else k
-            first_sample = len(probe.samples) if probe else 0
+            first_sample = len(probe.samples) if probe is not None else 0
             speed_before = speed_now()
             config = simulation_config(workload, name, k, params, settings.profile, settings.acceptance_trace,
                                        settings.fitter, settings.max_num_seqs, settings.max_num_batched_tokens,
                                        rate=rate, twin=settings.twin)
-            during = len(probe.samples) if probe else 0
-            engine = RealEngine(pair.target, pair.draft, engine_config(config, settings.probe_every if probe else 0.0),
+            during = len(probe.samples) if probe is not None else 0
+            probe_every = settings.probe_every if probe is not None else 0.0
+            engine = RealEngine(pair.target, pair.draft, engine_config(config, probe_every),
                                 make_policy(name, k, dict(params)), cost, np.random.default_rng(settings.seed),
                                 twin(settings.seed), probe)
             result = engine.run(workload, prompts)
             real[(rate, spec)] = result
-            speed_during = probe.speed(during) if probe and len(probe.samples) > during else np.nan
+            speed_during = probe.speed(during) if probe is not None and len(probe.samples) > during else np.nan
             speed_after = speed_now()
             # the machine's speed over the run: every probe taken just before, during and just after it
-            speed = probe.speed(first_sample) if probe else 1.0
-            if probe:
+            speed = probe.speed(first_sample) if probe is not None else 1.0
+            if probe is not None:
                 probes.extend({"rate": rate, "policy": spec, "sample": i - first_sample, "role": key[0],
                                "phase": key[1], "batch_size": key[2], "query_len": key[3], "context_len": key[4],
                                "ratio": ratio} for i, (key, ratio) in enumerate(probe.samples[first_sample:],
