@@ -33,10 +33,10 @@ convention). The draft cache may lag further: a request's ``pending`` tokens are
 in the draft cache (the newest token, plus a fully accepted last draft token, plus every token of steps in
 which nobody speculated); the first draft pass of a step feeds them all.
 
-Speed probes (``probe`` given, ``EngineConfig.probe_every`` > 0): every ``probe_every`` seconds of the engine's clock,
-between steps, the engine calls ``probe()`` (validate times a few of the cost profile's own points with it, so that
-the machine's speed is measured during the run, not only around it) with its clock stopped: the run's timeline (arrivals,
-steps, latencies) is as if the probe had not run.
+Speed probes (``probe`` given, ``EngineConfig.probe_every`` > 0): every ``probe_every`` seconds of the engine's
+clock, between steps, the engine calls ``probe()`` (validate times a few of the cost profile's own points with it, so
+that the machine's speed is measured during the run, not only around it) with its clock stopped: the run's timeline
+(arrivals, steps, latencies) is as if the probe had not run.
 
 Timing twin (``acceptance`` given): the accept/reject decisions are drawn from one of the simulator's
 acceptance models (:mod:`simulator.inputs.acceptance`) instead of comparing tokens: a_i accepted of the p_i

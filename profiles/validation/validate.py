@@ -161,12 +161,13 @@ class Validation:
         return float(self.table.loc[self.table["metric"].isin(METRICS), column].abs().median())
 
 
-#: ``--preset cpu``: the CPU validation (issue targets: median |error| <= 3%, worst <= 10%, the real engine's best policy
-#: picked at every rate, a crossover among the rates; under 20 minutes on 2 cores). A timing twin of a Llama-architecture
-#: pair sized for a CPU (``profiles/models/cpu-330m.json``: 4 wide layers, 333M parameters; ``cpu-22m.json`` its
-#: 2-layer draft), profiled in the same run. On a CPU a pass's cost grows with its tokens less than in proportion
-#: (a one-token pass is weight-read-bound, a batch of 8 x 4 tokens uses the cores better): speculation at
-#: acceptance 0.6 loses to no speculation for lone requests and pays once batches fill; the rates cover both.
+#: ``--preset cpu``: the CPU validation (issue targets: median |error| <= 3%, worst <= 10%, the real engine's best
+#: policy picked at every rate, a crossover among the rates; under 20 minutes on 2 cores). A timing twin of a
+#: Llama-architecture pair sized for a CPU (``profiles/models/cpu-330m.json``: 4 wide layers, 333M parameters;
+#: ``cpu-22m.json`` its 2-layer draft), profiled in the same run. On a CPU a pass's cost grows with its tokens less
+#: than in proportion (a one-token pass is weight-read-bound, a batch of 8 x 4 tokens uses the cores better):
+#: speculation at acceptance 0.6 loses to no speculation for lone requests and pays once batches fill; the rates
+#: cover both.
 PRESETS = {"cpu": dict(pair="cpu-330m+cpu-22m", twin=0.6, prompt_len=32, output_len=24, num_requests=24,
                        rates=(0.3, 0.8, 2.0), policies=("no-spec", "fixed-k:3", "goodput"), k=4, max_num_seqs=8,
                        sim_seeds=5, profile_now=True)}
@@ -252,10 +253,11 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     engine_profile = table.meta.get("engine") is not None
     spread = (table.meta.get("engine") or {}).get("decode_length_spread", 0.0)
 
-    def engine_config(config: typing.Any, probe_every: float = 0.0) -> EngineConfig:
-        """The real engine's settings for what ``config`` simulates (the same serving fields)."""
+    def engine_config(config: typing.Any) -> EngineConfig:
+        """The real engine's settings for what ``config`` simulates (the same serving fields; the engine probes only
+        where it is given a probe)."""
         return EngineConfig.from_sim_config(config, forward=settings.forward, cuda_graphs=settings.cuda_graphs,
-                                            probe_every=probe_every)
+                                            probe_every=settings.probe_every)
 
     def twin(seed: int) -> ConstantAcceptance | None:
         """The twin's acceptance model on the acceptance stream of the simulation of ``seed``: the real run and the
@@ -301,10 +303,8 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
                                        settings.fitter, settings.max_num_seqs, settings.max_num_batched_tokens,
                                        rate=rate, twin=settings.twin)
             during = len(probe.samples) if probe is not None else 0
-            probe_every = settings.probe_every if probe is not None else 0.0
-            engine = RealEngine(pair.target, pair.draft, engine_config(config, probe_every),
-                                make_policy(name, k, dict(params)), cost, np.random.default_rng(settings.seed),
-                                twin(settings.seed), probe)
+            engine = RealEngine(pair.target, pair.draft, engine_config(config), make_policy(name, k, dict(params)),
+                                cost, np.random.default_rng(settings.seed), twin(settings.seed), probe)
             result = engine.run(workload, prompts)
             real[(rate, spec)] = result
             speed_during = probe.speed(during) if probe is not None and len(probe.samples) > during else np.nan

@@ -405,8 +405,7 @@ class SimulatedEngine(DecodeRuns):
         """Draft passes + verification + overhead of the decode batch (the policies' formula; with the catch-up
         priced where the cost model can, :attr:`catchup`)."""
         if self.catchup:
-            lag = self.lag
-            return catchup_step_seconds(self.cost, self.ctx, proposed, [lag.get(r, 1) for r in self.rid])
+            return catchup_step_seconds(self.cost, self.ctx, proposed, [self.lag.get(r, 1) for r in self.rid])
         if runs.UNIFORM_STEPS and proposed.count(k := proposed[0]) == len(proposed):  # (speed shortcut, tested)
             batch, context = len(proposed), sum(self.ctx)
             seconds = uniform_memo(self.cost, batch, context, k, self.spec.draft_proposer)

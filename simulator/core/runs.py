@@ -372,8 +372,9 @@ class DecodeRuns:
             elif uniform and (seconds := uniform_memo(engine_cost, batch, context, k, True)) is not None:
                 pass  # the policy has just priced this step
             elif uniform and UNIFORM_STEPS:  # as _decode_seconds prices a uniform step: its scalar formula
-                price = pricers.get(k)
-                seconds = (price or pricers.setdefault(k, self._uniform_pricer(batch, k)))(context)
+                if (price := pricers.get(k)) is None:
+                    price = pricers[k] = self._uniform_pricer(batch, k)
+                seconds = price(context)
             else:  # a probe: _decode_seconds over the step's contexts
                 self.ctx = [c + t0 - t for c, t0, t in zip(ctx0, left0, left)]
                 seconds = self._decode_seconds(proposed)

@@ -51,8 +51,8 @@ import numpy as np
 from simulator.costs import profile_table
 from simulator.config import FITTERS
 from policies.errors import UserError
-from simulator.costs.profile_table import (BATCH_LAYOUTS, VERIFICATIONS, Memory, ProfileTable, meta_path, read_json, read_profile,
-                                           write_atomic)
+from simulator.costs.profile_table import (BATCH_LAYOUTS, VERIFICATIONS, Memory, ProfileTable, meta_path, read_json,
+                                           read_profile, write_atomic)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
@@ -681,8 +681,9 @@ def model_from_dict(data: Any, path: str) -> CostModel:
     Blocks ``target`` and ``prefill`` are required; ``draft``, ``draft_prefill`` and ``overhead`` are
     optional (see :class:`LinearCostModel`); a missing coefficient is 0. Also optional: ``method``
     (default ``hand-written``; a measured one may name its forward path: ``measured, optimized``),
-    ``verification`` (default ``multi-query``), ``batch_layout`` (default ``ragged``), ``source`` (default ``path``), ``memory``, ``fit_error``, and for
-    fitted models ``grid`` (measured axis values) and ``interp`` (seconds at every grid node).
+    ``verification`` (default ``multi-query``), ``batch_layout`` (default ``ragged``), ``source`` (default ``path``),
+    ``memory``, ``fit_error``, and for fitted models ``grid`` (measured axis values) and ``interp`` (seconds at every
+    grid node).
     """
     if not isinstance(data, dict):
         raise UserError(f"{path}: a cost model must be a JSON object (got {type(data).__name__})")
