@@ -273,6 +273,28 @@ def test_speed_probes_run_with_the_engines_clock_stopped(pair, requests):
     assert result.outputs == serve(pair, pair.draft, workload, prompts, "fixed-k", 3, 4).outputs
 
 
+def test_idle_skipping_moves_the_clock_on_instead_of_sleeping(pair, requests):
+    """The same requests with the last three arriving a minute later: with ``skip_idle`` the run takes about as
+    long as it is busy (well under the minute), yet on its own clock those requests arrive at 60 s and are served
+    from then on, and the outputs are those of the plain run."""
+    import time
+
+    workload, prompts = requests
+    late = np.r_[workload.arrival_time[:3], workload.arrival_time[3:] + 60.0]
+    gapped = Workload(late, workload.prompt_tokens, workload.output_tokens, "test, a minute's gap")
+    t0 = time.perf_counter()
+    result = serve(pair, pair.draft, gapped, prompts, skip_idle=True)
+    assert time.perf_counter() - t0 < 30.0
+    served = result.requests
+    assert (served["first_token_time"] > served["arrival_time"]).all()
+    assert served["arrival_time"].iloc[3:].min() == 60.0 + workload.arrival_time[3]
+    assert result.summary["idle_skipped_seconds"] > 55.0
+    prefills = result.steps[result.steps["kind"] == "prefill"]
+    assert prefills["start_time"].iloc[-1] >= 60.0  # the late requests' prefill starts after they arrive
+    assert result.outputs == serve(pair, pair.draft, workload, prompts).outputs
+    assert serve(pair, pair.draft, workload, prompts).summary["idle_skipped_seconds"] == 0.0
+
+
 def test_the_draft_lags_as_the_step_protocol_says(pair, requests):
     """After every decode step each request's pending tokens (in its context, not yet in the draft cache) number
     what :func:`policies.protocol.draft_lag` says, the simulator's rule for pricing the catch-up pass: here a

@@ -6,7 +6,8 @@ For each rate, one workload: ``--num-requests`` Poisson arrivals (the same draws
 closer together) of shipped prompts (a seeded shuffle, the same at every rate) with ``--output-len``
 tokens each. Each policy serves it twice:
 
-- **real**: the engine (:mod:`profiles.serving.engine`) on the pair's models, greedy, on the wall clock;
+- **real**: the engine (:mod:`profiles.serving.engine`) on the pair's models, greedy, on the wall clock, moved on
+  over the gaps in which it has nothing to serve (``--real-idle``: slept through, as a deployed engine would);
 - **simulated**: :func:`simulator.core.runner.run_simulation` with ``workload=`` that same workload, the engine's
   cost profile (``--profile``, measured by ``run_sim.py profile --engine``; the ``--fitter`` fit) and the
   measured acceptance replayed (``--acceptance-trace``), no KV-block limit (as the engine), averaged over
@@ -19,8 +20,12 @@ tokens each. Each policy serves it twice:
 
 Printed: the mean, p50 and p90 of latency, TTFT and TPOT and the throughput (requests/s), real and
 simulated (calibrated), with the relative errors (sim - real) / real and their median absolute value, the sampling
-noise of each real figure and of each error (bootstrap); per rate the best policy on each side and whether each
-speculative policy beats no-spec on each side (``payoffs.csv``: the crossovers); the
+noise of each real figure and of each error (bootstrap), and each figure's timing floor (``timing_floor``: how far
+the calibrated simulation moves when each of its passes scatters as the real run's passes did, ``pass_scatter``;
+what an exact cost model would still err by, :mod:`profiles.validation.noise_floor`), and a diagnostic fitted to
+each run: the simulation at the speed read off the run's own passes (``step_speed``, ``sim_step_speed``,
+``rel_error_step_speed``: the error left where the machine's speed is known exactly); per rate the best policy on
+each side and whether each speculative policy beats no-spec on each side (``payoffs.csv``: the crossovers); the
 acceptance rates, real and simulated; then where the time goes: every real step's parts (target prefill +
 draft prefill, draft passes, verification, the rest: overhead) against the cost model's prediction for that
 same step's shape, which tells a cost-model error from a scheduling or acceptance one. Written to ``--out``: ``validate.csv`` (the table), ``parts.csv``,
@@ -100,6 +105,11 @@ class ValidateSettings:
     """Measure the engine's profile first, in this run (:func:`profile_now`), and validate against it."""
     probe_every: float = 3.0
     """Seconds of a real run between speed probes (engine profiles only; 0: probe only before and after it)."""
+    floor_draws: int = 5
+    """Simulations per run with every pass jittered by the real run's own scatter, for the timing floor (0: none)."""
+    skip_idle: bool = True
+    """The real engine moves its clock on over idle gaps instead of sleeping through them
+    (:attr:`profiles.serving.engine.EngineConfig.skip_idle`): the same timeline in the busy time only."""
 
     def __post_init__(self) -> None:
         if self.pair not in PAIRS and "+" not in self.pair:
@@ -110,6 +120,8 @@ class ValidateSettings:
             raise UserError(f"--twin: the acceptance rate must be in [0, 1] (got {self.twin})")
         if self.prompt_len is not None and self.prompt_len < 1:
             raise UserError(f"--prompt-len: must be >= 1 (got {self.prompt_len})")
+        if self.floor_draws < 0:
+            raise UserError(f"--floor-draws: must be >= 0 (got {self.floor_draws})")
         if not self.probe_every >= 0:
             raise UserError(f"--probe-every: must be >= 0 seconds (got {self.probe_every})")
         if self.max_seconds is not None and not self.max_seconds > 0:
@@ -239,6 +251,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     from simulator.inputs.acceptance import ConstantAcceptance
     from simulator.costs.cost_model import load_cost_model
     from profiles.engine_profile import SpeedProbe
+    from profiles.validation.noise_floor import pass_scatter, timing_floor
     from simulator.costs.profile_table import read_profile
     from simulator.core.runner import random_streams, run_simulation
     from simulator.studies.specs import parse_policy_spec
@@ -257,7 +270,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
         """The real engine's settings for what ``config`` simulates (the same serving fields; the engine probes only
         where it is given a probe)."""
         return EngineConfig.from_sim_config(config, forward=settings.forward, cuda_graphs=settings.cuda_graphs,
-                                            probe_every=settings.probe_every)
+                                            probe_every=settings.probe_every, skip_idle=settings.skip_idle)
 
     def twin(seed: int) -> ConstantAcceptance | None:
         """The twin's acceptance model on the acceptance stream of the simulation of ``seed``: the real run and the
@@ -329,26 +342,44 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
             sims = [r.summary for r in sim_runs]
             if settings.twin is not None:  # compared: the simulation that met the real run's draws (twin())
                 sim_runs, sims, sims_cal = sim_runs[:1], sims[:1], sims_cal[:1]
+            # a diagnostic, fitted to the run (no prediction): the simulation at the speed read off the real run's own
+            # passes (all its steps' measured seconds over the cost model's for their shapes), the error that is left
+            # where the machine's speed is known exactly
+            own_parts = step_parts(result.steps, cost)
+            own = own_parts.set_index("part").loc["all steps"]
+            step_speed = float(own["measured"] / own["predicted"])
+            at_step_speed = scaled_profile(table, step_speed, Path(scratch.name) / f"steps{len(rows)}.csv")
+            sims_step = [run_simulation(config.replace(seed=s, profile=at_step_speed, policy_profile=settings.profile),
+                                        workload=workload, step_by_step=True).summary for s in seeds[:len(sims_cal)]]
+            # the timing floor: the calibrated simulation against itself with each pass scattered as the real ones
+            scatter = pass_scatter(result.steps, cost)
+            at_speed = config.replace(seed=settings.seed, profile=calibrated, policy_profile=settings.profile)
+            floor = timing_floor(at_speed, workload, scatter, METRICS, settings.floor_draws, settings.seed) \
+                if settings.floor_draws else {}
             noise = bootstrap_noise(result.requests, settings.seed)
             error_noise = bootstrap_noise(result.requests, settings.seed, paired=cal_runs[0].requests)
             for metric in METRICS + ["acceptance_rate"]:
                 r = float(result.summary[metric])
-                s, c = (float(np.mean([x[metric] for x in runs_])) for runs_ in (sims, sims_cal))
+                s, c, o = (float(np.mean([x[metric] for x in runs_])) for runs_ in (sims, sims_cal, sims_step))
                 rows.append({"rate": rate, "policy": spec, "metric": metric, "real": r, "sim": s,
                              "rel_error": (s - r) / r if r else np.nan, "sim_calibrated": c,
                              "rel_error_calibrated": (c - r) / r if r else np.nan, "speed": speed,
                              "real_noise": noise.get(metric, np.nan), "error_noise": error_noise.get(metric, np.nan),
                              "speed_before": speed_before, "speed_during": speed_during, "speed_after": speed_after,
-                             "sim_seed_spread": seed_spread[metric] / r if r and metric in seed_spread else np.nan})
+                             "sim_seed_spread": seed_spread[metric] / r if r and metric in seed_spread else np.nan,
+                             "pass_scatter": scatter, "timing_floor": floor.get(metric, np.nan),
+                             "step_speed": step_speed, "sim_step_speed": o,
+                             "rel_error_step_speed": (o - r) / r if r else np.nan})
             decisions.append({"rate": rate, "policy": spec,
                               **{f"real_{key}": value for key, value in decision_figures(result.steps).items()},
                               **{f"sim_{key}": value for key, value in pd.DataFrame(
                                   [decision_figures(r.steps) for r in sim_runs]).mean().items()}})
-            parts.append(step_parts(result.steps, cost).assign(rate=rate, policy=spec, speed=speed))
+            parts.append(own_parts.assign(rate=rate, policy=spec, speed=speed))
             log(f"rate {rate:g} {spec}: machine speed {speed:.3f} x the profile's (before {speed_before:.3f}, during "
                 f"{speed_during:.3f}, after {speed_after:.3f}); mean latency real "
                 f"{result.summary['mean_latency']:.3f} s, simulated {np.mean([x['mean_latency'] for x in sims]):.3f} s, "
-                f"calibrated {np.mean([x['mean_latency'] for x in sims_cal]):.3f} s")
+                f"calibrated {np.mean([x['mean_latency'] for x in sims_cal]):.3f} s; passes' scatter {scatter:.3f}, "
+                f"idle skipped {result.summary['idle_skipped_seconds']:.1f} s")
     scratch.cleanup()
     drift = {"reference_seconds_before": before, "reference_seconds_after": reference_seconds(pair, settings)}
     drift["after_over_before"] = drift["reference_seconds_after"] / before
@@ -644,6 +675,12 @@ def build_parser() -> _Parser:
     p.add_argument("--probe-every", type=float, default=d.probe_every,
                    help="seconds of a real run between speed probes, the engine's clock stopped meanwhile (engine "
                         "profiles; 0: probes only just before and after each run)")
+    p.add_argument("--floor-draws", type=int, default=d.floor_draws,
+                   help="simulations per run with each pass scattered as the real run's, for the timing floor "
+                        "(the error an exact cost model would still show; 0: none)")
+    p.add_argument("--real-idle", dest="skip_idle", action="store_false",
+                   help="the real engine sleeps through idle gaps (default: its clock moves on to the next arrival; "
+                        "the same timeline, only the busy time on the wall clock)")
     p.add_argument("--profile-now", action="store_true",
                    help="measure the engine's profile first, in this run, into OUT/engine_profile.csv, and validate "
                         "against it (--profile is then unused)")
@@ -676,7 +713,8 @@ def main(argv: list[str]) -> int:
                                 threads=args.threads, seed=args.seed, draft_path=args.draft_path, twin=args.twin,
                                 prompt_len=args.prompt_len, device=args.device, dtype=args.dtype, forward=args.forward,
                                 cuda_graphs=args.cuda_graphs, max_seconds=args.max_seconds,
-                                profile_now=args.profile_now, probe_every=args.probe_every)
+                                profile_now=args.profile_now, probe_every=args.probe_every, skip_idle=args.skip_idle,
+                                floor_draws=args.floor_draws)
     from profiles.models import forward
     from profiles.models.pairs import load_pair
     from simulator.results import write_csv, write_json
@@ -713,6 +751,19 @@ def main(argv: list[str]) -> int:
           f"figures): of the real figures {figures['real_noise'].median():.1%}, of the errors (requests resampled "
           f"alike on both sides) {figures['error_noise'].median():.1%}; machine drift over the run "
           f"{result.drift['after_over_before']:.3f}x (reference pass before/after)")
+    print(f"diagnostic, fitted to each run (no prediction): at the speed read off the run's own passes "
+          f"({result.table['step_speed'].min():.3f}..{result.table['step_speed'].max():.3f} x the profile's) the "
+          f"median |error| is {figures['rel_error_step_speed'].abs().median():.1%}, worst "
+          f"{figures['rel_error_step_speed'].abs().max():.1%}: what is left where the machine's speed is known exactly")
+    if settings.floor_draws:
+        floor = figures["timing_floor"]
+        worst_floor = figures.loc[floor.idxmax()]
+        print(f"timing floor (an exact cost model against this engine's own per-pass scatter, log-sd "
+              f"{figures['pass_scatter'].min():.3f}..{figures['pass_scatter'].max():.3f}; median over "
+              f"{settings.floor_draws} draws): median {floor.median():.1%}, largest {floor.max():.1%} "
+              f"({worst_floor['metric']} at {worst_floor['rate']:g} req/s, {worst_floor['policy']}); "
+              f"{int((figures['rel_error_calibrated'].abs() <= figures['timing_floor']).sum())} of {len(figures)} "
+              f"figures err by no more than their floor")
     print(f"\nthe decision, per rate (lowest mean latency):\n{choices.to_string(index=False)}")
     print(f"the simulator picks the real engine's best policy at {choices['same_choice'].sum()} of {len(choices)} "
           f"rates; at {choices['same_choice_normalized'].sum()} of {len(choices)} with each real run divided by its "

@@ -22,7 +22,7 @@ from policies import protocol
 from policies.registry import load_policy_file, make_policy
 from simulator.inputs.acceptance import make_acceptance
 from simulator.config import SimConfig, config_hash
-from simulator.costs.cost_model import load_cost_model
+from simulator.costs.cost_model import CostModel, load_cost_model
 from simulator.core.engine import EngineSpec, SimulatedEngine
 from policies.errors import UserError
 from simulator.core.memory import num_gpu_blocks
@@ -108,16 +108,19 @@ def random_streams(seed: int) -> list[np.random.Generator]:
     return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)]
 
 
-def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_step: bool = False) -> SimResult:
+def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_step: bool = False,
+                   cost: CostModel | None = None) -> SimResult:
     """Run one simulation. ``workload`` overrides the one the config describes (e.g. the real engine's).
     ``step_by_step``: one SimPy event per decode step, no runs of steps (:mod:`simulator.core.runs`): a run draws
     its steps' acceptances before it knows where it ends, so the acceptance stream is consumed as a real engine
-    consumes it only step by step (validate's common random numbers need that; the results are equally valid)."""
+    consumes it only step by step (validate's common random numbers need that; the results are equally valid).
+    ``cost``: price the steps with this model instead of ``config.profile``'s (the policy too, unless
+    ``config.policy_profile`` is set; validate's timing-noise floor, :mod:`profiles.validation.noise_floor`)."""
     wall = time.perf_counter()
     arrival_rng, length_rng, acceptance_rng, ngram_rng = random_streams(config.seed)
     if workload is None:
         workload = build_workload(config, arrival_rng, length_rng)
-    cost = load_cost_model(config.profile, config.fitter)
+    cost = load_cost_model(config.profile, config.fitter) if cost is None else cost
     policy_cost = cost if config.policy_profile is None else load_cost_model(config.policy_profile, config.fitter)
     speculative = is_speculative(config)
     if speculative and config.proposer == "draft" and not cost.has("draft", "decode"):
