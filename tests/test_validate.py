@@ -187,6 +187,8 @@ def test_the_cpu_preset_is_a_valid_setting_and_flags_given_override_it(capsys, t
     assert settings.profile_now and settings.twin == 0.6 and settings.pair == "cpu-330m+cpu-22m"
     assert cli_main(["validate", "--preset", "cpu", "--num-requests", "0", "--out", str(tmp_path / "v")]) == 2
     assert capsys.readouterr().err.strip() == "error: --num-requests: must be >= 1 (got 0)"
+    assert cli_main(["validate", "--preset", "cpu", "--floor-draws", "-1", "--out", str(tmp_path / "v")]) == 2
+    assert capsys.readouterr().err.strip() == "error: --floor-draws: must be >= 0 (got -1)"
     assert cli_main(["validate", "--preset", "gpu"]) == 2
     assert "--preset: invalid choice: 'gpu'" in capsys.readouterr().err
 
