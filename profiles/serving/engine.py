@@ -367,11 +367,12 @@ class RealEngine:
         self._start = time.perf_counter()
         while self.rec.finished < n:
             step_start = self._now()
-            if self.probe is not None and step_start - self._skipped >= next_probe:  # skipped idle time not counted
+            busy = step_start - self._skipped  # the probes' clock: skipped idle time not counted
+            if self.probe is not None and busy >= next_probe:
                 paused = time.perf_counter()
                 self.probe()
                 self._paused += time.perf_counter() - paused
-                probes, next_probe = probes + 1, step_start - self._skipped + cfg.probe_every
+                probes, next_probe = probes + 1, busy + cfg.probe_every
                 continue
             while arrived < n and arrivals[arrived] <= step_start:
                 self.waiting.append(arrived)

@@ -26,26 +26,33 @@ from simulator.costs.cost_model import CostModel
 MIN_PASSES_PER_SHAPE = 5
 
 
+def step_pass_seconds(step: typing.Any, cost: CostModel, draft_prefill: bool) -> tuple[float, float, float]:
+    """A real step's timed target-side passes (``step``: a row of a steps table, from ``itertuples``): their measured
+    seconds, the cost model's seconds for the target's pass on the step's shape, and the draft's prefill (0 unless a
+    prefill step with ``draft_prefill``). A prefill step: its prefills (measured: target and draft) against
+    ``cost.prefill_time``; a decode step: its verification pass (``target_seconds``) against
+    ``cost.target_time(b, proposed + b, context)``. :func:`pass_scatter` and validate's parts table
+    (:func:`profiles.validation.validate.step_parts`) price steps with it."""
+    b = int(step.batch_size)
+    if step.kind == "prefill":
+        draft = cost.prefill_time(b, int(step.prefill_tokens), role="draft") if draft_prefill else 0.0
+        return step.target_seconds + step.draft_seconds, cost.prefill_time(b, int(step.prefill_tokens)), draft
+    return step.target_seconds, cost.target_time(b, int(step.proposed) + b, int(step.context_tokens)), 0.0
+
+
 def pass_scatter(steps: pd.DataFrame, cost: CostModel) -> float:
     """Standard deviation of log(measured / predicted seconds) of a real run's passes around the mean of their
-    shape: the target's verification pass of each decode step (``target_seconds`` against
-    ``cost.target_time``), the passes of each prefill step (target and draft). A shape is (kind, batch size,
-    ``k_max``, prompt tokens); dividing by the cost model's prediction first removes what the context adds within
-    a shape, subtracting the shape's mean removes the cost model's error on it and the machine's speed, so what is
-    left is the passes' own scatter. 0 when no shape has :data:`MIN_PASSES_PER_SHAPE` passes."""
+    shape: the target's verification pass of each decode step, the passes of each prefill step (target and draft;
+    :func:`step_pass_seconds`). A shape is (kind, batch size, ``k_max``, prompt tokens); dividing by the cost
+    model's prediction first removes what the context adds within a shape, subtracting the shape's mean removes the
+    cost model's error on it and the machine's speed, so what is left is the passes' own scatter. 0 when no shape
+    has :data:`MIN_PASSES_PER_SHAPE` passes."""
     rows = []
     for s in steps.itertuples():
-        b = int(s.batch_size)
-        if s.kind == "prefill":
-            predicted = cost.prefill_time(b, int(s.prefill_tokens))
-            if s.draft_seconds > 0:
-                predicted += cost.prefill_time(b, int(s.prefill_tokens), role="draft")
-            measured = s.target_seconds + s.draft_seconds
-        else:
-            predicted = cost.target_time(b, int(s.proposed) + b, int(s.context_tokens))
-            measured = s.target_seconds
+        measured, target, draft = step_pass_seconds(s, cost, s.draft_seconds > 0)
+        predicted = target + draft
         if measured > 0 and predicted > 0:
-            rows.append((s.kind, b, int(s.k_max), int(s.prefill_tokens), np.log(measured / predicted)))
+            rows.append((s.kind, int(s.batch_size), int(s.k_max), int(s.prefill_tokens), np.log(measured / predicted)))
     frame = pd.DataFrame(rows, columns=["kind", "batch_size", "k_max", "prefill_tokens", "log_ratio"])
     shape = frame.groupby(["kind", "batch_size", "k_max", "prefill_tokens"])["log_ratio"]
     frame = frame[shape.transform("size") >= MIN_PASSES_PER_SHAPE]
@@ -53,8 +60,8 @@ def pass_scatter(steps: pd.DataFrame, cost: CostModel) -> float:
         return 0.0
     shape = frame.groupby(["kind", "batch_size", "k_max", "prefill_tokens"])["log_ratio"]
     residuals = frame["log_ratio"] - shape.transform("mean")
-    return float(np.sqrt((residuals ** 2).sum() / (len(frame) - shape.ngroups))) if len(frame) > shape.ngroups \
-        else 0.0
+    # degrees of freedom: one mean per shape (each has >= MIN_PASSES_PER_SHAPE passes, so len(frame) > ngroups)
+    return float(np.sqrt((residuals ** 2).sum() / (len(frame) - shape.ngroups)))
 
 
 class JitteredCost(CostModel):
@@ -95,17 +102,18 @@ class JitteredCost(CostModel):
 
 
 def timing_floor(config: typing.Any, workload: typing.Any, sigma: float, metrics: list[str], draws: int = 5,
-                 seed: int = 0) -> dict[str, float]:
+                 seed: int = 0, plain: dict | None = None) -> dict[str, float]:
     """Per figure of ``metrics``: the median over ``draws`` of |jittered / plain - 1|, where plain is the
-    simulation of ``config`` on ``workload`` (step by step, as validate compares it) and jittered the same with
-    its passes priced by :class:`JitteredCost` (the model of ``config.profile``; ``sigma``, the real run's
-    :func:`pass_scatter`). ``config.policy_profile`` should be set, so that the policy prices its choices without
-    the jitter, as the real engine's policy does."""
+    simulation of ``config`` on ``workload`` (step by step, as validate compares it; ``plain``: its summary, where
+    the caller has run it already) and jittered the same with its passes priced by :class:`JitteredCost` (the model
+    of ``config.profile``; ``sigma``, the real run's :func:`pass_scatter`). ``config.policy_profile`` should be
+    set, so that the policy prices its choices without the jitter, as the real engine's policy does."""
     from simulator.core.runner import run_simulation
     from simulator.costs.cost_model import load_cost_model
 
     cost = load_cost_model(config.profile, config.fitter)
-    plain = run_simulation(config, workload=workload, step_by_step=True).summary
+    if plain is None:
+        plain = run_simulation(config, workload=workload, step_by_step=True).summary
     differences = {metric: [] for metric in metrics}
     for draw in range(draws):
         jittered = run_simulation(config, workload=workload, step_by_step=True,

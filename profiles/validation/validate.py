@@ -61,6 +61,7 @@ import numpy as np
 import pandas as pd
 
 from profiles.models.pairs import PAIRS, ModelPair
+from profiles.validation.noise_floor import pass_scatter, step_pass_seconds, timing_floor
 from policies.errors import UserError
 from simulator.costs.profile_table import meta_path, read_json
 
@@ -251,7 +252,6 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     from simulator.inputs.acceptance import ConstantAcceptance
     from simulator.costs.cost_model import load_cost_model
     from profiles.engine_profile import SpeedProbe
-    from profiles.validation.noise_floor import pass_scatter, timing_floor
     from simulator.costs.profile_table import read_profile
     from simulator.core.runner import random_streams, run_simulation
     from simulator.studies.specs import parse_policy_spec
@@ -325,10 +325,9 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
             # the machine's speed over the run: every probe taken just before, during and just after it
             speed = probe.speed(first_sample) if probe is not None else 1.0
             if probe is not None:
-                probes.extend({"rate": rate, "policy": spec, "sample": i - first_sample, "role": key[0],
-                               "phase": key[1], "batch_size": key[2], "query_len": key[3], "context_len": key[4],
-                               "ratio": ratio} for i, (key, ratio) in enumerate(probe.samples[first_sample:],
-                                                                                start=first_sample))
+                probes.extend({"rate": rate, "policy": spec, "sample": i, "role": key[0], "phase": key[1],
+                               "batch_size": key[2], "query_len": key[3], "context_len": key[4], "ratio": ratio}
+                              for i, (key, ratio) in enumerate(probe.samples[first_sample:]))
             calibrated = scaled_profile(table, speed, Path(scratch.name) / f"speed{len(rows)}.csv")
             seeds = [settings.seed + s for s in range(settings.sim_seeds)]
             # step by step: draws consumed as the real engine consumes them (common random numbers, twin())
@@ -354,8 +353,8 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
             # the timing floor: the calibrated simulation against itself with each pass scattered as the real ones
             scatter = pass_scatter(result.steps, cost)
             at_speed = config.replace(seed=settings.seed, profile=calibrated, policy_profile=settings.profile)
-            floor = timing_floor(at_speed, workload, scatter, METRICS, settings.floor_draws, settings.seed) \
-                if settings.floor_draws else {}
+            floor = timing_floor(at_speed, workload, scatter, METRICS, settings.floor_draws, settings.seed,
+                                 plain=cal_runs[0].summary) if settings.floor_draws else {}  # cal_runs[0]: at_speed
             noise = bootstrap_noise(result.requests, settings.seed)
             error_noise = bootstrap_noise(result.requests, settings.seed, paired=cal_runs[0].requests)
             for metric in METRICS + ["acceptance_rate"]:
@@ -564,15 +563,15 @@ def step_parts(steps: pd.DataFrame, cost: typing.Any) -> pd.DataFrame:
     predicted = dict(measured)
     for s in steps.itertuples():
         b = int(s.batch_size)
+        seconds, target, draft = step_pass_seconds(s, cost, speculative)
         if s.kind == "prefill":
-            measured["prefill"] += s.target_seconds + s.draft_seconds
-            predicted["prefill"] += cost.prefill_time(b, int(s.prefill_tokens))
-            if speculative:
-                predicted["prefill"] += cost.prefill_time(b, int(s.prefill_tokens), role="draft")
+            measured["prefill"] += seconds
+            predicted["prefill"] += target
+            predicted["prefill"] += draft
         else:
             measured["draft"] += s.draft_seconds
-            measured["verify"] += s.target_seconds
-            predicted["verify"] += cost.target_time(b, int(s.proposed) + b, int(s.context_tokens))
+            measured["verify"] += seconds
+            predicted["verify"] += target
             passes = [cost.draft_time(b, int(s.context_tokens) + b * j) for j in range(int(s.k_max))]
             if passes and cost.prices_catchup and s.catchup_tokens > b:  # the first pass fed the draft's lag
                 passes[0] = cost.draft_time(b, int(s.context_tokens), int(s.catchup_tokens))
