@@ -188,6 +188,26 @@ def test_interp_fills_unmeasured_grid_nodes_and_extrapolates_with_the_linear_slo
     assert beyond - edge == pytest.approx(16 * slope, rel=1e-9)
 
 
+def test_interp_below_the_grid_scales_the_smallest_point_and_never_goes_negative():
+    """Prefill measured at 16-token prompts only, 2 prompts taking 3x one (CPU noise: CI's tiny engine profile).
+    The fit's slope exceeds 1 ms / 15 tokens, so shifting the 16-token point down the slope would price a 1-token
+    prefill below 0 s; below the grid the point is scaled by the fit's ratio instead."""
+    frame = synthetic_frame()
+    frame = frame[(frame["phase"] != "prefill") | (frame["batch_size"].isin([1, 2]) & (frame["query_len"] == 32))]
+    frame = frame.copy()
+    prefill = frame["phase"] == "prefill"
+    frame.loc[prefill, "query_len"] = 16
+    frame.loc[prefill, "seconds"] = frame.loc[prefill, "batch_size"].map({1: 0.001, 2: 0.003})
+    model = fit_cost_model(table_of(frame), "interp")
+    fit = model.to_dict()["prefill"]
+    base, per_token = fit["base"], fit["per_prompt_token"]
+    assert 0.001 - 15 * per_token < 0  # what the shift would predict for 1 token
+    assert model.prefill_time(1, 16) == pytest.approx(0.001)
+    assert model.prefill_time(1, 1) == pytest.approx(0.001 * (base + per_token) / (base + 16 * per_token))
+    assert nondecreasing([model.prefill_time(1, p) for p in range(1, 33)])
+    assert model.prefill_time(1, 17) - model.prefill_time(1, 16) == pytest.approx(per_token)  # above: shifted
+
+
 def test_between_grid_points_interp_follows_the_roofline_that_linear_cannot():
     """The example grid is a roofline, memory- then compute-bound: a kink no linear form follows."""
     linear, interp = load_cost_model(EXAMPLE_GRID, "linear"), load_cost_model(EXAMPLE_GRID, "interp")

@@ -20,8 +20,8 @@ sum_i (k_i + 1) tokens) + overhead, with prefill from the same model (DESIGN.md)
     that were not measured (an irregular grid: points that did not fit in memory) are filled once at
     fit time by scipy's LinearNDInterpolator of log seconds on log2 axes (costs grow like powers of
     the axes), or by the linear fit outside the measured points' hull. Outside the grid, the value at
-    the clamped point plus the linear model's change from the clamped point to the query (continuous
-    at the boundary).
+    the clamped point plus the linear model's change from the clamped point to the query, or, below the
+    grid, times the linear model's ratio (never negative; both continuous at the boundary, :class:`_Table`).
 
   Queries in totals are averaged per sequence: q = query_tokens / b, c = context_tokens / b,
   P = prompt_tokens / b. A query more than 2x beyond the grid's largest batch size, context or prompt
@@ -409,8 +409,12 @@ class InterpCostModel(LinearCostModel):
 
 class _Table:
     """Seconds on a rectilinear grid (values in C order over the natural axes), multilinear in
-    between: linear in each axis, so monotone data give monotone predictions. Outside the grid:
-    value at the clamped point + linear(query) - linear(clamped point)."""
+    between: linear in each axis, so monotone data give monotone predictions. Outside the grid, where the linear
+    model prices the query above the clamped point: value at the clamped point + linear(query) - linear(clamped
+    point); where below it (a query under the grid's smallest nodes): value at the clamped point x linear(query) /
+    linear(clamped point), which stays positive where the shift would not (a fit whose slope exceeds the smallest
+    measured point's seconds per token: a 1-token prefill of a profile measured at 16 tokens went to -0.3 ms).
+    Both are continuous at the grid's edge and monotone, the fit's coefficients being non-negative."""
 
     __slots__ = ("kind", "values", "coef", "_nodes", "_active", "_fixed", "_corners")
 
@@ -450,7 +454,11 @@ class _Table:
         seconds = corners[0]
         if outside:
             clamped = tuple(min(max(v, n[0]), n[-1]) for v, n in zip(x, self._nodes))
-            seconds += _linear(self.kind, self.coef, x) - _linear(self.kind, self.coef, clamped)
+            at_query, at_clamped = _linear(self.kind, self.coef, x), _linear(self.kind, self.coef, clamped)
+            if at_query >= at_clamped:
+                seconds += at_query - at_clamped
+            else:  # below the grid: scaled, not shifted, so that a short extrapolation cannot go below 0 s
+                seconds *= at_query / at_clamped
         return seconds
 
 
