@@ -566,8 +566,7 @@ def step_parts(steps: pd.DataFrame, cost: typing.Any) -> pd.DataFrame:
         seconds, target, draft = step_pass_seconds(s, cost, speculative)
         if s.kind == "prefill":
             measured["prefill"] += seconds
-            predicted["prefill"] += target
-            predicted["prefill"] += draft
+            predicted["prefill"] += target + draft
         else:
             measured["draft"] += s.draft_seconds
             measured["verify"] += seconds
