@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""specsim command line: simulate, sweep, plot, tune, profile, validate, bench; no arguments runs the demo.
+"""specsim command line: simulate, sweep, plot, tune, compare, profile, calibrate, validate, bench; no arguments runs
+the demo.
 
 Run ``python run_sim.py COMMAND --help`` for the flags of a command.
 
-The one place that dispatches between the two sides: ``profile`` and ``validate`` go to ``profiles/`` (imported
+The one place that dispatches between the two sides: ``profile``, ``calibrate`` and ``validate`` go to ``profiles/`` (imported
 only then: they need the profile extra), everything else to the simulator's command line
 (:mod:`simulator.studies.cli`). Library modules never import this file.
 """
@@ -20,6 +21,8 @@ def _profiles_command(command: str) -> Callable[[list[str]], int]:
     try:
         if command == "profile":
             from profiles.cli import main
+        elif command == "calibrate":
+            from profiles.calibrate import main
         else:
             from profiles.validation.validate import main
     except ImportError as exc:
@@ -28,7 +31,7 @@ def _profiles_command(command: str) -> Callable[[list[str]], int]:
 
 
 #: Commands of the profiles side, which parse their own flags.
-PROFILES_COMMANDS = ("profile", "validate")
+PROFILES_COMMANDS = ("profile", "validate", "calibrate")
 
 
 def main(argv: list[str] | None = None) -> int:

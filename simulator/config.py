@@ -99,7 +99,28 @@ class SimConfig:
     activation_reserve_gb: float = 2.0
     """Memory kept for activations and workspace, GiB (>= 0)."""
     scheduler: str = "prefill-first"
-    """``prefill-first`` (vLLM v0: a step is all prefill or all decode) or ``chunked-prefill`` (vLLM v1)."""
+    """``prefill-first`` (vLLM v0: a step is all prefill or all decode) or ``chunked-prefill`` (vLLM v1, where it is
+    always on)."""
+    num_scheduler_steps: int = 1
+    """vLLM v0's ``--num-scheduler-steps`` (multi-step scheduling), an integer in [1, 64]: after a prefill step the
+    decode batch runs this many steps per scheduling, its tokens streamed at the end of each chunk of steps and new
+    requests admitted only between chunks; a request that finishes inside a chunk rides along to its end. vLLM 0.6
+    allowed it only without speculation and without chunked prefill, and so does this."""
+    cuda_graph_sizes: tuple[int, ...] = ()
+    """Decode batch sizes captured as CUDA graphs (vLLM's ``--cuda-graph-sizes``; v0 captured 1, 2, 4, 8, 16, ...,
+    256): a decode step of B sequences is priced as the smallest captured size >= B (the padding's sequences hold no
+    context), and a batch larger than every size runs eagerly at its own size. Empty: no padding (the profile's own
+    engine, e.g. this project's, which captures every shape it meets)."""
+    enable_prefix_caching: bool = False
+    """vLLM's ``--enable-prefix-caching``: a request's leading full KV blocks whose content is already cached (a
+    prompt seen before: the same ``prompt_id`` of a trace, or the same row of a length file) skip prefill; cached
+    blocks of finished requests stay until their room is needed (least recently used first). The summary reports
+    the hit rate."""
+
+    max_concurrency: int | None = None
+    """The client's ``--max-concurrency`` (``vllm bench serve``): at most this many requests in flight (> 0); a
+    request is sent at its arrival time or, when that many are in flight, as soon as one finishes (a closed loop),
+    and its latency counts from sending, as vLLM's client measures it. ``None``: no limit (an open loop)."""
 
     # --- speculation ----------------------------------------------------------------------------
     policy: str = "no-spec"
@@ -214,6 +235,22 @@ class SimConfig:
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
         _positive("block_size", self.block_size)
+        require(1 <= self.num_scheduler_steps <= 64,
+                f"config: num_scheduler_steps must be in [1, 64], got {self.num_scheduler_steps!r}")
+        if self.num_scheduler_steps > 1:
+            require(self.scheduler == "prefill-first",
+                    "config: num_scheduler_steps > 1 (multi-step scheduling) needs scheduler=prefill-first "
+                    "(vLLM 0.6 turned chunked prefill off with it)")
+            require(self.policy == "no-spec" or self.k == 0,
+                    f"config: num_scheduler_steps > 1 (multi-step scheduling) runs without speculation, as in vLLM 0.6; "
+                    f"got policy={self.policy} with k={self.k} (use --policy no-spec)")
+        for size in self.cuda_graph_sizes:
+            require(isinstance(size, int) and 1 <= size <= 1_000_000,
+                    f"config: cuda_graph_sizes must be whole numbers >= 1, got {size!r}")
+        require(list(self.cuda_graph_sizes) == sorted(set(self.cuda_graph_sizes)),
+                f"config: cuda_graph_sizes must be increasing without repeats, got {list(self.cuda_graph_sizes)}")
+        if self.max_concurrency is not None:
+            _positive("max_concurrency", self.max_concurrency)
         if self.num_gpu_blocks is not None:
             _positive("num_gpu_blocks", self.num_gpu_blocks)
         if self.gpu_memory_gb is not None:
@@ -270,11 +307,11 @@ class SimConfig:
         if unknown:
             raise UserError(f"{source}: unknown config field {unknown[0]!r}")
         kwargs = dict(data)
-        if "acceptance_positions" in kwargs:
-            positions = kwargs["acceptance_positions"]
-            require(isinstance(positions, (list, tuple)),
-                    f"{source}: acceptance_positions must be a list of numbers, got {positions!r}")
-            kwargs["acceptance_positions"] = tuple(positions)
+        for name in ("acceptance_positions", "cuda_graph_sizes"):
+            if name in kwargs:
+                values = kwargs[name]
+                require(isinstance(values, (list, tuple)), f"{source}: {name} must be a list of numbers, got {values!r}")
+                kwargs[name] = tuple(values)
         for field, pair in (("goodput_slo", "[metric, milliseconds]"), ("policy_params", "[name, value]")):
             if field in kwargs:
                 kwargs[field] = _named_pairs(kwargs[field], f"{source}: {field} must be a list of {pair} pairs")
@@ -321,6 +358,10 @@ def _check_types(config: "SimConfig") -> None:
             _number(f.name, value)
         elif origin is str:
             require(isinstance(value, str), f"config: {f.name} must be text, got {shown}")
+        elif f.name == "cuda_graph_sizes":
+            require(isinstance(value, tuple) and all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
+                                                     for v in value),
+                    f"config: {f.name} must be a list of whole numbers, got {shown}")
         elif f.name == "acceptance_positions":
             require(isinstance(value, tuple), f"config: {f.name} must be a list of numbers, got {shown}")
             for v in value:

@@ -81,6 +81,8 @@ class Recorder:
         self.spec_emitted = np.zeros(n, dtype=np.int64)
         self.ignored = np.zeros(n, dtype=bool)
         self.preemptions = np.zeros(n, dtype=np.int64)
+        self.merged = np.zeros(n, dtype=np.int64)
+        """Tokens that reached the client inside a chunk of several beyond its first (multi-step chunks)."""
         self.finished = 0
         self.num_steps = 0
         self.steps: list[tuple] | None = [] if save_steps else None
@@ -110,6 +112,12 @@ class Recorder:
         self.accepted[rid] += accepted
         self.spec_steps[rid] += steps * (proposed > 0)
         self.spec_emitted[rid] += np.where(proposed > 0, emitted, 0)
+
+    def stream(self, rid: int, tokens: int) -> None:
+        """``tokens`` decoded tokens of a request reached the client as one streamed chunk (vLLM's multi-step
+        scheduling streams a chunk of steps at once); one ITL gap, not ``tokens``."""
+        if tokens > 1:
+            self.merged[rid] += tokens - 1
 
     def add_decode(self, rid: int, proposed: int, accepted: int, steps: int, emitted: int) -> None:
         """:meth:`decode` of one request's totals over steps that proposed (the simulator hands them over when the
@@ -159,7 +167,7 @@ class Recorder:
             "ignored": self.ignored,
         }
         # chunks after the first token: every emission event is one chunk; a speculative step's burst is one
-        chunks = self.output_tokens - 1 - self.spec_emitted + self.spec_steps
+        chunks = self.output_tokens - 1 - self.spec_emitted + self.spec_steps - self.merged
         with np.errstate(invalid="ignore", divide="ignore"):
             itl = np.where(chunks > 0, (self.finish_time - self.first_token_time) / np.maximum(chunks, 1), np.nan)
         return {**columns, **derived(columns), ITL_COLUMN: itl, "chunks": chunks}

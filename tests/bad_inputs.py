@@ -117,6 +117,21 @@ OK_SUMMARY = "policy,policy_name,rate,seed,mean_norm_latency,p99_norm_latency,me
              "no-spec,no-spec,1,0,0.01,0.02,1.0,hand-written\nfixed-k:2,fixed-k,1,0,0.009,0.02,0.9,hand-written\n"
 
 PLAIN = "arrival_time,prompt_tokens,output_tokens\n"
+#: A small ``vllm bench serve --save-result --save-detailed`` file: three requests, the second streamed no text.
+VLLM_RESULT = {"request_rate": 4.0, "burstiness": 1.0, "max_concurrency": None, "completed": 3, "failed": 0,
+               "input_lens": [60, 61, 62], "output_lens": [20, 0, 20], "ttfts": [0.05, 0.0, 0.05],
+               "errors": ["", "", ""], "mean_ttft_ms": 33.3}
+
+
+def vllm_case(changes: dict | None = None, text: str | None = None) -> Callable[[Path], list[str]]:
+    """``compare RESULT.json --out``: replay :data:`VLLM_RESULT` with ``changes`` (None removes a key), or ``text``."""
+    def build(d: Path) -> list[str]:
+        data = {k: v for k, v in {**VLLM_RESULT, **(changes or {})}.items() if v is not None}
+        path = write(d, "result.json", json.dumps(data) if text is None else text)
+        return ["compare", path, "--profile", profile(d), "--out", str(d / "out")]
+    return build
+
+
 PROFILE_HEADER = "role,phase,batch_size,query_len,context_len,seconds\n"
 
 CASES: list[Case] = [
@@ -157,6 +172,8 @@ CASES: list[Case] = [
     Case("flags", "--cv inf", lambda d: simulate(d, *SMALL, "--arrival", "gamma", "--cv", "inf"), needle="cv"),
     Case("flags", "--cv nan", lambda d: simulate(d, *SMALL, "--arrival", "gamma", "--cv", "nan"), needle="cv"),
     Case("flags", "--cv 1e308", lambda d: simulate(d, *SMALL, "--arrival", "gamma", "--cv", "1e308"), needle="cv"),
+    Case("flags", "--cv 1e-300 (Gamma shape 1/cv^2 overflows)",
+         lambda d: simulate(d, *SMALL, "--arrival", "gamma", "--cv", "1e-300"), needle="cv=1e-300"),
     Case("flags", "--cv 3 under poisson arrivals", lambda d: simulate(d, *SMALL, "--cv", "3"), needle="cv"),
     Case("flags", "--rate inf", lambda d: simulate(d, "--rate", "inf", "--num-requests", "20"), needle="rate"),
     Case("flags", "--rate nan", lambda d: simulate(d, "--rate", "nan", "--num-requests", "20"), needle="rate"),
@@ -246,6 +263,19 @@ CASES: list[Case] = [
     Case("policy file", "calls sys.exit at import",
          lambda d: simulate(d, *SMALL, "--policy-file", write(d, "p.py", "import sys\nsys.exit(3)\n"), "--policy",
                             "x"), needle="p.py"),
+    # -- vLLM result JSON (compare RESULT.json: replay) --------------------------------------------------------
+    Case("vLLM result", "an empty output (accepted: replayed as 1 token)", vllm_case(), expect="ok"),
+    Case("vLLM result", "output length -1", vllm_case({"output_lens": [20, -1, 20]}), needle="output_lens[1]"),
+    Case("vLLM result", "summary only (no --save-detailed)",
+         vllm_case({"input_lens": None, "output_lens": None, "ttfts": None, "errors": None}),
+         needle="input_lens: missing"),
+    Case("vLLM result", "every request failed", vllm_case({"errors": ["HTTP 500"] * 3}), needle="every one"),
+    Case("vLLM result", "request_rate 'fast'", vllm_case({"request_rate": "fast"}), needle="request_rate"),
+    Case("vLLM result", "max_concurrency 0", vllm_case({"max_concurrency": 0}), needle="max_concurrency"),
+    Case("vLLM result", "spec_decode_acceptance_rate 120", vllm_case({"spec_decode_acceptance_rate": 120}),
+         needle="spec_decode_acceptance_rate"),
+    Case("vLLM result", "two results appended (--append-result)",
+         vllm_case(text=json.dumps(VLLM_RESULT) + "\n" + json.dumps(VLLM_RESULT)), needle="--append-result"),
     # -- sweep, tune, plot ----------------------------------------------------------------------------------
     Case("sweep/tune/plot", "--policies ','", lambda d: sweep(d, "--rates", "1", "--policies", ","),
          needle="--policies"),

@@ -25,6 +25,21 @@ Runs of steps (the fast path, fenced in :mod:`simulator.core.runs`): for a stati
 simulates several decode steps of an unchanged batch in one event, the same steps at the same times; so does an
 adaptive policy with a plain-Python stepper (goodput in batch mode), each step asked and told as step by step.
 
+vLLM's serving around the steps, each switched by its config field (all off by default, where the engine is the
+profile's own):
+
+- the front end (the profile's ``frontend`` seconds per request, :meth:`CostModel.frontend_time`): requests reach the
+  engine through one server that handles them one at a time (an API server's HTTP parsing and tokenization in one
+  event loop) and hands over what it has handled when it runs out of work: a burst sent at once reaches the engine
+  together, after the whole burst was handled (what vLLM's public benchmark results show: with 640 prompts sent at
+  t = 0 no first token comes back before 1.4 s, and then in prefill-sized groups);
+- the client's ``max_concurrency`` (``vllm bench serve --max-concurrency``): a closed loop, at most that many
+  requests in flight; a request waits for a finish before it is sent, and its latency counts from sending;
+- multi-step scheduling (``num_scheduler_steps`` n > 1, vLLM v0): the decode batch runs n steps per scheduling
+  (:meth:`SimulatedEngine._multi_step`), its tokens streamed at the chunk's end as one chunk, admissions between
+  chunks only;
+- CUDA-graph padding (``cuda_graph_sizes``) is the cost model's (:mod:`simulator.costs.cuda_graphs`).
+
 Bookkeeping: ``ctx`` = tokens in a running request's KV cache before the next decode step
 = prompt + generated - 1 (the newest token enters the cache in the pass that verifies the next ones).
 A mixed chunked step costs its decode part plus its prefill part (an additive approximation: one fixed
@@ -69,6 +84,11 @@ class EngineSpec:
     """Most decode steps simulated in one event for a stationary policy (1: always step by step)."""
     strict_fit: bool = False
     """A request that can never fit in the KV cache stops the run (True) or is ignored (False, vLLM's way)."""
+    scheduler_steps: int = 1
+    """Decode steps per scheduling (vLLM v0's ``--num-scheduler-steps``; 1: every step scheduled)."""
+    max_concurrency: int | None = None
+    """The client sends at most this many requests at a time (``vllm bench serve --max-concurrency``; None: no
+    limit)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -109,7 +129,17 @@ class SimulatedEngine(DecodeRuns):
         """Output tokens of each request not decoding now (a running one's is output - left)."""
         self.waiting: deque[int] = deque()
         self.arrived = 0
+        """Requests that reached the engine's queue (after the front end), or were ignored."""
         self._wake: simpy.Event | None = None
+        self.frontend = cost_model.frontend_time()
+        """Seconds the front end spends on each request before the engine sees it (module docstring; 0: none)."""
+        self._frontend_queue: deque[int] = deque()
+        self._frontend_wake: simpy.Event | None = None
+        self.in_flight = 0
+        """Requests sent and not finished (counted only with ``max_concurrency``)."""
+        self._slot: simpy.Event | None = None
+        if spec.max_concurrency is not None:  # sending may come later than the workload's time: the record moves
+            recorder.arrival_time = np.array(recorder.arrival_time, dtype=np.float64)
         self.free_blocks = spec.num_gpu_blocks
         self.prefilling: list[Prefill] = []
         # The decode batch, in admission order (newest last), as parallel lists of ints: at serving batch sizes
@@ -135,7 +165,10 @@ class SimulatedEngine(DecodeRuns):
         self.lag: dict[int, int] = {}
         """Tokens of each running request's context its draft has not seen (:func:`policies.protocol.draft_lag`;
         absent: 1, as after its prefill). Kept only when :attr:`catchup`."""
-        stepwise = spec.run_steps <= 1 or self.catchup
+        # the front end, the client's closed loop and multi-step chunks move arrivals and steps off the workload's
+        # clock that the runs of steps read ahead: step by step then (every speed shortcut off)
+        stepwise = (spec.run_steps <= 1 or self.catchup or self.frontend > 0 or spec.max_concurrency is not None
+                    or spec.scheduler_steps > 1)
         # n-gram lookups hit or miss step by step, so only a draft model (or no speculation) runs steps together
         self.runs = (not stepwise and getattr(policy, "stationary", False) and not spec.chunked_prefill
                      and (spec.draft_proposer or not spec.speculative))
@@ -174,21 +207,63 @@ class SimulatedEngine(DecodeRuns):
 
     def start(self) -> None:
         self.env.process(self._arrivals())
+        if self.frontend > 0:
+            self.env.process(self._frontend())
         self.env.process(self._serve())
 
     # -- processes ------------------------------------------------------------------------------
     def _arrivals(self):
         env = self.env
         unfit = self.unfit
+        limit = self.spec.max_concurrency
         for rid, t in enumerate(self.workload.arrival_time.tolist()):
             if t > env.now:
                 yield env.timeout(t - env.now)
-            self.arrived += 1
             if unfit and rid in unfit:
+                self.arrived += 1
                 continue  # ignored: never queued (vLLM's FINISHED_IGNORED)
-            self.waiting.append(rid)
-            if self._wake is not None and not self._wake.triggered:
-                self._wake.succeed()
+            if limit is not None:
+                while self.in_flight >= limit:  # the client's closed loop: wait for a finish
+                    self._slot = env.event()
+                    yield self._slot
+                self.in_flight += 1
+                self.rec.arrival_time[rid] = env.now  # sent now: latency counts from here, as vLLM's client
+            if self.frontend > 0:
+                self._frontend_queue.append(rid)
+                if self._frontend_wake is not None and not self._frontend_wake.triggered:
+                    self._frontend_wake.succeed()
+            else:
+                self._enqueue([rid])
+
+    def _enqueue(self, rids: list[int]) -> None:
+        """Requests reach the engine's waiting queue."""
+        self.arrived += len(rids)
+        self.waiting.extend(rids)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _frontend(self):
+        """The front end (module docstring): handles its queue one request at a time, :attr:`frontend` seconds each,
+        and hands what it handled to the engine when its queue runs dry."""
+        env = self.env
+        while True:
+            if not self._frontend_queue:
+                self._frontend_wake = env.event()
+                yield self._frontend_wake
+                self._frontend_wake = None
+            handled = []
+            while self._frontend_queue:
+                handled.append(self._frontend_queue.popleft())
+                yield env.timeout(self.frontend)
+            self._enqueue(handled)
+
+    def _finish(self, rid: int, now: float) -> None:
+        """Record a request's last token; with ``max_concurrency``, its place in flight goes to the next one."""
+        self.rec.finish(rid, now)
+        if self.spec.max_concurrency is not None:
+            self.in_flight -= 1
+            if self._slot is not None and not self._slot.triggered:
+                self._slot.succeed()
 
     def _serve(self):
         env = self.env
@@ -211,6 +286,8 @@ class SimulatedEngine(DecodeRuns):
                     yield from self._chunked_step()
             elif self._admit_prefill():
                 yield from self._prefill_step()
+            elif self.spec.scheduler_steps > 1:
+                yield from self._multi_step()
             elif self.runs:
                 yield from self._decode_run()
             elif self.plain_runs:
@@ -337,7 +414,7 @@ class SimulatedEngine(DecodeRuns):
                 left = self.output[rid] - self.generated[rid]
                 if left == 0:
                     self.free_blocks += blocks
-                    self.rec.finish(rid, now)
+                    self._finish(rid, now)
                     continue
                 if self.generated[rid] == 1:  # not after a recompute: the request keeps its acceptance state
                     self.acceptance.start(rid)
@@ -422,6 +499,34 @@ class SimulatedEngine(DecodeRuns):
         yield self.env.timeout(seconds)
         self._apply_decode(start, seconds, "decode", proposed, 0)
 
+    def _multi_step(self):
+        """One chunk of vLLM v0's multi-step scheduling (``--num-scheduler-steps`` n; vLLM 0.6): the decode batch is
+        scheduled once and runs n steps, each priced by the step formula over the whole batch; the KV room of each
+        request's next min(n, tokens left) tokens is reserved first (preempting newest as a step would). A request
+        that emits its last token inside the chunk rides along to its end (its slot still computed, its tokens
+        discarded); every request's tokens of the chunk reach the client together at the chunk's end, as one
+        streamed chunk, and finished requests leave then. No speculation (vLLM 0.6 refused it with multi-step)."""
+        env, n = self.env, self.spec.scheduler_steps
+        self._reserve_decode_blocks([min(n, t) - 1 for t in self.left])  # ceil((c + min(n, t)) / bs) blocks each
+        zeros = [0] * len(self.rid)
+        delivered = [min(n, t) for t in self.left]
+        for _ in range(n):
+            start = env.now
+            seconds = self._decode_seconds(zeros)
+            yield env.timeout(seconds)
+            emitted = [1 if t else 0 for t in self.left]
+            if self.rec.keeps_steps:
+                self.rec.step(start, seconds, "decode", len(zeros), 0, self._blocks_used(), len(self.waiting),
+                              *(np.array(x, dtype=np.int64) for x in (zeros, zeros, emitted)))
+            else:
+                self.rec.num_steps += 1
+            self.ctx = [c + 1 for c in self.ctx]  # riders too: their discarded tokens are computed
+            self.left = [t - e for t, e in zip(self.left, emitted)]
+        for rid, tokens in zip(self.rid, delivered):
+            self.rec.stream(rid, tokens)
+        if 0 in self.left:
+            self._retire(env.now)
+
     def _apply_decode(self, start: float, seconds: float, kind: str, proposed: list[int],
                       prefill_tokens: int) -> None:
         """Verification outcome: draw acceptances, append tokens, report to the policy, retire finished requests.
@@ -475,7 +580,7 @@ class SimulatedEngine(DecodeRuns):
             self.generated[rid] = self.output[rid]
             self.free_blocks += self.blocks.pop(i)
             self._record_spec(rid, self.totals.pop(i))
-            self.rec.finish(rid, now)
+            self._finish(rid, now)
             self.acceptance.finish(rid)
             self.policy.finish(rid)
             self.lag.pop(rid, None)

@@ -26,6 +26,7 @@ from simulator.costs.cost_model import CostModel, load_cost_model
 from simulator.core.engine import EngineSpec, SimulatedEngine
 from policies.errors import UserError
 from simulator.core.memory import num_gpu_blocks
+from simulator.costs.cuda_graphs import with_cuda_graphs
 from simulator.core.user_policy import Watch, guarded
 from simulator.metrics import SUMMARY_KEYS, Recorder, summarize  # noqa: F401 - SUMMARY_KEYS re-exported
 from simulator.results import atomic_write, write_csv, write_json
@@ -120,8 +121,10 @@ def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_
     arrival_rng, length_rng, acceptance_rng, ngram_rng = random_streams(config.seed)
     if workload is None:
         workload = build_workload(config, arrival_rng, length_rng)
-    cost = load_cost_model(config.profile, config.fitter) if cost is None else cost
-    policy_cost = cost if config.policy_profile is None else load_cost_model(config.policy_profile, config.fitter)
+    cost = with_cuda_graphs(load_cost_model(config.profile, config.fitter) if cost is None else cost,
+                            config.cuda_graph_sizes)
+    policy_cost = cost if config.policy_profile is None else with_cuda_graphs(
+        load_cost_model(config.policy_profile, config.fitter), config.cuda_graph_sizes)
     speculative = is_speculative(config)
     if speculative and config.proposer == "draft" and not cost.has("draft", "decode"):
         raise UserError(f"--profile {config.profile}: has no draft decode costs; a draft-model proposer needs them "
@@ -152,6 +155,8 @@ def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_
         ngram_match_prob=config.ngram_match_prob,
         speculative=speculative,
         strict_fit=config.strict_fit,
+        scheduler_steps=config.num_scheduler_steps,
+        max_concurrency=config.max_concurrency,
         **({"run_steps": 1} if step_by_step else {}),
     )
     recorder = Recorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens, config.save_steps)

@@ -30,8 +30,9 @@ sum_i (k_i + 1) tokens) + overhead, with prefill from the same model (DESIGN.md)
 A CSV profile needs rows for target/prefill and target/decode; draft/decode and draft/prefill are
 optional. Its per-step overhead comes from rows with role ``target``, phase ``overhead`` (fitted
 ``base + per_seq * batch_size``), and is 0 without them; a prefill step's from phase ``prefill_overhead`` rows
-when the profile has them (an engine's prefill step does other work than its decode step), else the same. Fitted models are cached (see
-:func:`load_cost_model`).
+when the profile has them (an engine's prefill step does other work than its decode step), else the same. Rows of
+phase ``frontend`` give the serving front end's seconds per request (:meth:`CostModel.frontend_time`; 0 without).
+Fitted models are cached (see :func:`load_cost_model`).
 """
 from __future__ import annotations
 
@@ -73,9 +74,9 @@ AXES = {
 #: Coefficient-JSON block of each (role, phase), and the kind of pass it describes.
 BLOCKS = {("target", "decode"): "target", ("draft", "decode"): "draft", ("target", "prefill"): "prefill",
           ("draft", "prefill"): "draft_prefill", ("target", "overhead"): "overhead",
-          ("target", "prefill_overhead"): "prefill_overhead"}
+          ("target", "prefill_overhead"): "prefill_overhead", ("target", "frontend"): "frontend"}
 KIND = {"target": "decode", "draft": "decode", "prefill": "prefill", "draft_prefill": "prefill",
-        "overhead": "overhead", "prefill_overhead": "overhead"}
+        "overhead": "overhead", "prefill_overhead": "overhead", "frontend": "overhead"}
 #: Profile columns holding each natural axis (a prefill row's prompt length is its query_len).
 PROFILE_COLUMNS = {kind: ("batch_size", "query_len", "context_len")[:len(axes)] for kind, axes in AXES.items()}
 REQUIRED_BLOCKS = ("target", "prefill")
@@ -176,6 +177,11 @@ class CostModel:
         """Per-step seconds beyond the passes of a prefill-only step of ``batch_size`` prompts (default: as a
         decode step's, :meth:`overhead_time`)."""
         return self.overhead_time(batch_size)
+
+    def frontend_time(self) -> float:
+        """Seconds the serving front end spends on one request before handing it to the engine (an API server's
+        HTTP handling and tokenization; 0 unless the profile has ``frontend`` rows, :mod:`simulator.core.engine`)."""
+        return 0.0
 
     def has(self, role: str, phase: str) -> bool:
         """Whether the model has costs for ``role`` (target, draft) in ``phase`` (prefill, decode, overhead)."""
@@ -317,6 +323,12 @@ class LinearCostModel(CostModel):
             return self.overhead_time(batch_size)
         base, per_seq = self._coef["prefill_overhead"]
         return base + per_seq * batch_size
+
+    def frontend_time(self) -> float:
+        if "frontend" not in self._coef:
+            return 0.0
+        base, per_seq = self._coef["frontend"]
+        return base + per_seq
 
     def has(self, role: str, phase: str) -> bool:
         return BLOCKS.get((role, phase)) in self._coef
@@ -616,6 +628,8 @@ def predict_row(model: CostModel, role: str, phase: str, b: int, q: int, c: int)
         return model.prefill_time(b, b * q, role)
     if phase == "prefill_overhead":
         return model.prefill_overhead_time(b)
+    if phase == "frontend":
+        return model.frontend_time()
     return model.overhead_time(b)
 
 

@@ -7,7 +7,9 @@ Required columns (units: sequences, tokens, seconds):
 - ``role``: ``target`` or ``draft``;
 - ``phase``: ``prefill``, ``decode``, ``overhead`` or ``prefill_overhead`` (role ``target`` only: the per-step
   scheduler and sampling seconds of a decode step, or of a prefill-only step, over ``batch_size`` sequences;
-  ``query_len`` and ``context_len`` are ignored);
+  ``query_len`` and ``context_len`` are ignored), or ``frontend`` (role ``target``, ``batch_size`` 1: the serving
+  front end's seconds per request before the engine sees it, e.g. an API server's HTTP handling and tokenization;
+  :mod:`simulator.core.engine`);
 - ``batch_size``: sequences in the pass (>= 1);
 - ``query_len``: new tokens per sequence: the prompt length for prefill, k + 1 for a target
   decode/verification pass, 1 for a draft decode pass that proposes (more for the pass that first feeds the draft
@@ -48,7 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
 
 ROLES = ("target", "draft")
-PHASES = ("prefill", "decode", "overhead", "prefill_overhead")
+PHASES = ("prefill", "decode", "overhead", "prefill_overhead", "frontend")
 REQUIRED_COLUMNS = ("role", "phase", "batch_size", "query_len", "context_len", "seconds")
 OPTIONAL_COLUMNS = ("seconds_p10", "seconds_p90", "repeats", "num_layers")
 TABLE_METHODS = ("measured", "analytical")
@@ -64,8 +66,11 @@ FORWARDS = {"eager": "HF eager", "optimized": "optimized"}
 def method_label(meta: dict) -> str:
     """What a profile's figures and summaries call its method: ``analytical``, ``measured, optimized`` or
     ``measured, HF eager`` (a measured profile that does not name its forward path timed Hugging Face eager
-    passes: every one made before the optimized path existed)."""
+    passes: every one made before the optimized path existed); a profile with a ``calibration`` block
+    (``run_sim.py calibrate``) adds ``calibrated to vLLM`` or ``transferred from vLLM-calibrated``."""
     method = meta.get("method", "measured")
+    if isinstance(meta.get("calibration"), dict):  # profiles/calibrate.py: fitted to (or moved from) vLLM's results
+        return f"{method}, {'transferred from vLLM-calibrated' if 'transferred_from' in meta['calibration'] else 'calibrated to vLLM'}"
     if method != "measured":
         return method
     return f"measured, {FORWARDS.get(meta.get('forward', 'eager'), meta.get('forward'))}"
@@ -205,7 +210,7 @@ def validate_frame(frame: pd.DataFrame, where: str) -> pd.DataFrame:
             values = _numeric(out[column], where, 0, allow_missing=True)
             if not pd.api.types.is_numeric_dtype(out[column]):
                 out[column] = values
-    overhead = out["phase"].isin(["overhead", "prefill_overhead"])
+    overhead = out["phase"].isin(["overhead", "prefill_overhead", "frontend"])
     _rule(out, overhead & (out["role"] != "target"), where, "role", "must be target for an overhead phase")
     _rule(out, ~overhead & (out["query_len"] < 1), where, "query_len", "must be >= 1")
     _rule(out, (out["phase"] == "prefill") & (out["context_len"] != 0), where, "context_len",

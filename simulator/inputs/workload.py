@@ -29,6 +29,12 @@ Trace files (detected by their header):
   ``2023-11-16 18:15:46.6805900``; times are made relative to the first row (the first arrival is 0).
 * plain: ``arrival_time,prompt_tokens,output_tokens``, times in seconds, used as they are.
 
+Either may carry a ``prompt_id`` column (whole numbers >= 0): requests with the same id have the same prompt text (the
+same token stream, each prompt its first ``prompt_tokens`` tokens), which prefix caching reuses
+(:mod:`simulator.core.prefix_cache`). Without it every request has its own prompt. Length files sampled with
+``length_dist=file`` give each request the index of its row as its id, so a row drawn twice is the same prompt sent
+twice (as ``vllm bench serve`` does when it samples a ShareGPT prompt again); synthetic lengths share nothing.
+
 Length files (:func:`read_lengths`): ShareGPT statistics ``num_prefill_tokens,num_decode_tokens,...``,
 or any file with ``prompt_tokens,output_tokens`` or ``ContextTokens,GeneratedTokens`` (a trace will do), or a
 ShareGPT JSON dataset (:func:`read_sharegpt`, what ``vllm bench serve --dataset-name sharegpt`` reads).
@@ -83,6 +89,9 @@ class Workload:
     """int64 tokens to generate, >= 1 (the prefill pass emits the first)."""
     source: str
     """Where the requests came from, for humans: ``"poisson rate=4, fixed lengths 512/128"``."""
+    prompt_id: np.ndarray | None = None
+    """int64 identity of each prompt's content, >= 0: the same id, the same prompt text (a token stream whose first
+    ``prompt_tokens`` tokens are the prompt). ``None``: every request its own prompt (:meth:`prompt_ids`)."""
 
     def __post_init__(self) -> None:
         for name, dtype in (("arrival_time", np.float64), ("prompt_tokens", np.int64),
@@ -93,6 +102,12 @@ class Workload:
         n = len(self.arrival_time)
         if not (self.arrival_time.ndim == 1 and len(self.prompt_tokens) == n and len(self.output_tokens) == n):
             raise ValueError("Workload: arrays must be one-dimensional and of equal length")
+        if self.prompt_id is not None:
+            ids = np.array(self.prompt_id, dtype=np.int64)
+            if ids.shape != (n,) or (n and ids.min() < 0):
+                raise ValueError("Workload: prompt_id must be one integer >= 0 per request")
+            ids.setflags(write=False)
+            object.__setattr__(self, "prompt_id", ids)
         if n and (np.any(np.diff(self.arrival_time) < 0) or not np.all(np.isfinite(self.arrival_time))):
             raise ValueError("Workload: arrival_time must be finite and non-decreasing")
         if n and (self.prompt_tokens.min() < 1 or self.output_tokens.min() < 1):
@@ -101,13 +116,21 @@ class Workload:
     def __len__(self) -> int:
         return len(self.arrival_time)
 
+    def prompt_ids(self) -> np.ndarray:
+        """Each request's prompt id (int64): :attr:`prompt_id`, or ``0..n-1`` (nothing shared) when it is None."""
+        return self.prompt_id if self.prompt_id is not None else np.arange(len(self), dtype=np.int64)
+
     def to_frame(self) -> pd.DataFrame:
-        """Columns ``arrival_time,prompt_tokens,output_tokens``: the plain trace format, so that
-        ``to_frame().to_csv(path, index=False)`` writes a file :func:`read_trace` replays as is."""
+        """Columns ``arrival_time,prompt_tokens,output_tokens`` (and ``prompt_id`` when the workload has ids): the
+        plain trace format, so that ``to_frame().to_csv(path, index=False)`` writes a file :func:`read_trace` replays
+        as is."""
         import pandas as pd
 
-        return pd.DataFrame({"arrival_time": self.arrival_time, "prompt_tokens": self.prompt_tokens,
-                             "output_tokens": self.output_tokens})
+        columns = {"arrival_time": self.arrival_time, "prompt_tokens": self.prompt_tokens,
+                   "output_tokens": self.output_tokens}
+        if self.prompt_id is not None:
+            columns["prompt_id"] = self.prompt_id
+        return pd.DataFrame(columns)
 
 
 # --- building ----------------------------------------------------------------------------------------
@@ -118,10 +141,10 @@ def build_workload(config: SimConfig, arrival_rng: np.random.Generator,
     if config.arrival == "trace":
         return _replay(config)
     arrivals = _synthetic_arrivals(config, arrival_rng)
-    prompt, output, lengths = _synthetic_lengths(config, len(arrivals), length_rng)
+    prompt, output, lengths, ids = _synthetic_lengths(config, len(arrivals), length_rng)
     process = f"poisson rate={config.rate:g}" if config.arrival == "poisson" else \
         f"gamma rate={config.rate:g} cv={config.cv:g}"
-    return Workload(arrivals, prompt, output, f"{process}, {lengths}")
+    return Workload(arrivals, prompt, output, f"{process}, {lengths}", ids)
 
 
 def _synthetic_arrivals(config: SimConfig, rng: np.random.Generator) -> np.ndarray:
@@ -136,7 +159,11 @@ def _synthetic_arrivals(config: SimConfig, rng: np.random.Generator) -> np.ndarr
         def gaps(n: int) -> np.ndarray:
             return rng.standard_exponential(n) / rate
     else:
-        shape = 1.0 / config.cv ** 2
+        variance = config.cv ** 2
+        require(variance > 0 and max(1.0, rate) / variance < np.inf,
+                f"config: cv={config.cv!r} is too small for Gamma arrivals at rate={rate:g}: their shape 1/cv^2 "
+                "overflows (a cv of 1e-6 already gives evenly spaced arrivals)")
+        shape = 1.0 / variance
 
         def gaps(n: int) -> np.ndarray:
             return rng.standard_gamma(shape, n) / (shape * rate)
@@ -169,14 +196,16 @@ def _cut_at_duration(times: np.ndarray, duration: float | None) -> np.ndarray:
 
 
 def _synthetic_lengths(config: SimConfig, n: int,
-                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, str]:
-    """Prompt and output lengths (tokens) of ``n`` synthetic requests, and a description of them.
+                       rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, str, np.ndarray | None]:
+    """Prompt and output lengths (tokens) of ``n`` synthetic requests, a description of them, and their prompt ids
+    (the sampled row of a length file; None, nothing shared, for generated lengths).
 
     Request ``i`` uses the ``i``-th draw (one row index, or one pair of normals), whatever ``n`` is.
     """
+    rows = None
     if config.length_dist == "fixed":
         return (np.full(n, config.prompt_len, dtype=np.int64), np.full(n, config.output_len, dtype=np.int64),
-                f"fixed lengths {config.prompt_len}/{config.output_len}")
+                f"fixed lengths {config.prompt_len}/{config.output_len}", None)
     if config.length_dist == "lognormal":
         z = rng.standard_normal((n, 2))
         prompt = np.rint(config.prompt_len * np.exp(config.length_sigma * z[:, 0]))
@@ -196,7 +225,7 @@ def _synthetic_lengths(config: SimConfig, n: int,
         source = f"lengths from {Path(config.length_file).name}{counted}"
     prompt = np.clip(prompt, 1, config.max_prompt_len).astype(np.int64)
     output = np.clip(output, 1, config.max_output_len).astype(np.int64)
-    return prompt, output, f"{source} max {config.max_prompt_len}/{config.max_output_len}"
+    return prompt, output, f"{source} max {config.max_prompt_len}/{config.max_output_len}", rows
 
 
 def _replay(config: SimConfig) -> Workload:
@@ -220,13 +249,15 @@ def _replay(config: SimConfig) -> Workload:
             f"falls at {times[-1]:.3g} s, later than {MAX_SECONDS:g} s (the simulated clock's range)")
     times = _cut_at_duration(times, config.duration)
     kept = len(times)
-    return Workload(times, trace.prompt_tokens[:kept], trace.output_tokens[:kept], source)
+    ids = trace.prompt_id[:kept] if trace.prompt_id is not None else None
+    return Workload(times, trace.prompt_tokens[:kept], trace.output_tokens[:kept], source, ids)
 
 
 # --- reading files -----------------------------------------------------------------------------------
 
 def read_trace(path: str) -> Workload:
-    """A trace file (Azure LLM 2023 or plain, told apart by the header) as a :class:`Workload`.
+    """A trace file (Azure LLM 2023 or plain, told apart by the header) as a :class:`Workload`, with the prompt ids of
+    its optional ``prompt_id`` column.
 
     Azure times are made relative to the first row; plain times are kept. Bad input: :class:`UserError`.
     """
@@ -239,8 +270,26 @@ def read_trace(path: str) -> Workload:
         cells = time_column.cells
         raise UserError(f"{path}: line {i + 2}: {time_column.name} goes backwards, traces must be sorted by time "
                         f"(got {show_cell(cells[i])} after {show_cell(cells[i - 1])})")
+    ids = None
+    if PROMPT_ID in _header(path):
+        _, id_columns = read_table(path, {"prompt_id": (PROMPT_ID,)})
+        ids = whole_numbers(path, id_columns[PROMPT_ID], 0, maximum=MAX_PROMPT_ID)
     return Workload(times, _token_counts(path, prompt_column), _token_counts(path, output_column),
-                    f"trace {Path(path).name}")
+                    f"trace {Path(path).name}", ids)
+
+
+#: The optional trace column naming each request's prompt content (same id, same prompt text).
+PROMPT_ID = "prompt_id"
+#: Largest prompt id (ids are read as float64 first: whole numbers are exact up to 2**53).
+MAX_PROMPT_ID = 2 ** 53
+
+
+def _header(path: str) -> list[str]:
+    """The column names of a CSV file's first non-blank line, stripped (the file has been read once already)."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        return next(([name.strip() for name in row] for row in csv.reader(f) if row), [])
 
 
 def read_lengths(path: str) -> tuple[np.ndarray, np.ndarray]:

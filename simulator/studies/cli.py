@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import typing
 from dataclasses import MISSING, fields
@@ -385,7 +386,7 @@ def _add_run_flags(parser: argparse.ArgumentParser, out_default: str | None = No
     parser.add_argument("--quiet", action="store_true", help="no progress output (default: a progress bar on a terminal)")
 
 
-#: Every command, with its one-line help (the top-level help lists them all; profile, validate and bench parse their own
+#: Every command, with its one-line help (the top-level help lists them all; profile, calibrate, validate and bench parse their own
 #: flags: ``run_sim.py COMMAND --help``).
 COMMANDS = {
     "simulate": "run one simulation: requests.csv, summary.json, config.json (vLLM-style TTFT/TPOT/ITL/E2EL in ms)",
@@ -396,6 +397,7 @@ COMMANDS = {
     "demo": "the default demo (what no arguments runs): where speculation stops paying",
     "bench": "the simulator's own speed: simulated requests per wall-second and peak memory",
     "profile": "measure a model pair's costs on a device (profile extra; torch)",
+    "calibrate": "fit a cost model of a vLLM deployment to its vllm bench serve --save-result files: a profile",
     "validate": "real engine against the simulator on the same requests (profile extra; torch)",
 }
 
@@ -473,7 +475,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help=COMMANDS["demo"], description=COMMANDS["demo"])
     _add_run_flags(demo, out_default="results/demo")
     demo.set_defaults(func=cmd_demo)
-    for name in ("bench", "profile", "validate"):  # listed here; they parse their own flags (run_sim.py NAME --help)
+    for name in ("bench", "profile", "calibrate", "validate"):  # listed here; they parse their own flags (run_sim.py NAME --help)
         sub.add_parser(name, help=COMMANDS[name] + f" (run_sim.py {name} --help)", add_help=False)
     return parser
 
@@ -484,9 +486,14 @@ PASSTHROUGH: dict[str, Callable[[list[str]], int]] = {"bench": cmd_bench}
 
 def run_command(command: Callable[[], int]) -> int:
     """Run ``command`` as the command line does: a :class:`UserError` prints one line and gives exit status 2,
-    Ctrl-C gives 130."""
+    Ctrl-C gives 130, a reader of stdout that went away (``| head``) ends it quietly with 1."""
     try:
-        return command()
+        code = command()
+        sys.stdout.flush()  # a broken pipe shows here, not in the interpreter's last flush
+        return code
+    except BrokenPipeError:  # Python's idiom: what is still buffered for stdout goes to devnull, not to a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR

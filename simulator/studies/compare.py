@@ -4,10 +4,10 @@
   ``vllm bench serve --save-result`` JSON file. Two sweeps: latency versus rate of both, per policy (A solid, B
   dashed) and a table of mean latency per rate and policy with B / A - 1. Otherwise: a table of every figure both
   have (TTFT, TPOT, ITL, E2EL in ms, throughputs) with B / A - 1, and a bar figure of the medians and p99s.
-- ``compare RESULT.json --out DIR [config flags]``: the vLLM result's workload (its input and output lengths in
-  order, arrivals drawn at its ``request_rate`` and ``burstiness``: vLLM does not save arrival times) is simulated
-  with the given config (profile, policy, k, ...) into ``DIR``, then simulated is printed against measured per
-  metric (and ``DIR/compare.csv``, ``DIR/compare.png``).
+- ``compare RESULT.json --out DIR [config flags]``: the vLLM result's workload (:func:`vllm_io.replay_trace`: its
+  successful requests' input and output lengths in order, arrivals as recorded or drawn at its ``request_rate`` and
+  ``burstiness``, its ``max_concurrency``) is simulated with the given config (profile, policy, k, ...) into ``DIR``,
+  then simulated is printed against measured per metric (and ``DIR/compare.csv``, ``DIR/compare.png``).
 """
 from __future__ import annotations
 
@@ -126,27 +126,30 @@ def plot_figures(table: pd.DataFrame, names: tuple[str, str], path: Path) -> str
 
 def replay(source: Path, base: Any, out: str) -> int:
     """Simulate the workload of vLLM result ``source`` under ``base`` (a config with the trace to be filled in) into
-    ``out``, and print simulated against measured."""
+    ``out``, with the result's ``max_concurrency`` when it has one, and print simulated against measured (the
+    simulated figures counted as vLLM counts them: :func:`vllm_io.vllm_style_figures`)."""
     from simulator.core.runner import run_simulation, write_result
     from simulator.results import prepare_out_dir, write_csv
 
-    data = vllm_io.read_vllm_result(source)
+    data = vllm_io.read_vllm_result(source, replay=True)
     out_dir, lock = prepare_out_dir(out)
     with lock:
         trace = vllm_io.replay_trace(data, base.seed)
         trace_path = Path(out_dir) / "replayed_workload.csv"
         write_csv(trace_path, trace)
-        config = base.replace(arrival="trace", trace=str(trace_path), rate=None, trace_speedup=None)
+        concurrency = data["max_concurrency"] if data["max_concurrency"] is not None else base.max_concurrency
+        config = base.replace(arrival="trace", trace=str(trace_path), rate=None, trace_speedup=None,
+                              max_concurrency=concurrency)
         result = run_simulation(config)
         write_result(result, out_dir, "csv")
         names = (f"measured ({source.name})", "simulated")
-        table = vllm_io.side_by_side(vllm_io.vllm_figures(data), vllm_io.summary_figures(result.summary), names)
+        simulated = vllm_io.vllm_style_figures(result.requests, trace["empty_output"], dict(config.goodput_slo),
+                                               result.summary["mean_acceptance_length"])
+        table = vllm_io.side_by_side(vllm_io.vllm_figures(data), simulated, names)
         write_csv(Path(out_dir) / "compare.csv", table)
         figure = plot_figures(table, names, Path(out_dir) / "compare.png") if len(table) else None
-    rate = data["request_rate"]
-    print(f"replayed {len(trace)} requests of {source} (request rate {rate:g} req/s, burstiness "
-          f"{data['burstiness']:g}; arrivals drawn, vLLM saves none) with policy {config.policy}, profile "
-          f"{result.summary['profile_method']}")
+    print(f"replayed {len(trace)} requests of {source} ({vllm_io.describe_replay(data, trace)}) with policy "
+          f"{config.policy}, profile {result.summary['profile_method']}")
     _print_table(table)
     warn_saturated(result.summary, "the simulation is ")
     print(f"table: {Path(out_dir) / 'compare.csv'}")

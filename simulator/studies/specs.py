@@ -65,7 +65,8 @@ def parse_field_value(name: str, text: str) -> Any:
         if name == "goodput_slo":
             return parse_goodput(text, f"--{name.replace('_', '-')}")
         if kind is tuple:
-            return tuple(float(x) for x in text.split(",") if x.strip())
+            cast = int if name == "cuda_graph_sizes" else float
+            return tuple(cast(x) for x in text.split(",") if x.strip())
     except ValueError:
         raise UserError(f"--{name.replace('_', '-')}: not a valid {getattr(kind, '__name__', kind)}: {text!r}") from None
     return text

@@ -1,0 +1,371 @@
+"""``run_sim.py calibrate``: a cost model of the engine people deploy, fitted to vLLM's own benchmark results.
+
+Input: one or more ``vllm bench serve --save-result`` files (``benchmark_serving.py`` before vLLM 0.7) of one
+deployment (a GPU, a target model, a tensor-parallel degree) and the vLLM settings they ran with, given as this
+simulator's serving flags under vLLM's names (``--num-scheduler-steps``, ``--max-num-seqs``,
+``--max-num-batched-tokens``, ``--scheduler``, ``--cuda-graph-sizes``, ...). Output: a profile (CSV +
+``.meta.json``) the simulator reads like any other, whose metadata says ``calibrated to vLLM results`` and records
+the files, the settings, the fitted parameters and the held-out error of each file's figures.
+
+What is fitted (:data:`PARAMETERS`), and why: the analytical roofline (:mod:`profiles.analytical`) prices each pass
+of the deployment from the GPU's datasheet and the model's architecture, with five numbers left free:
+
+- ``compute`` and ``bandwidth``: the fractions of the datasheet's FLOP/s and HBM bytes/s the engine's kernels
+  reach. A burst's TTFTs follow its prefill steps (compute-bound), and its TPOTs and ITLs its decode steps
+  (weight and KV reads, bandwidth-bound), so each run's TTFTs and ITLs identify one of them;
+- ``pass_overhead_s``: seconds per forward pass beyond its kernels' work (launch or graph replay, input
+  preparation, logits read back), which decides the decode step at small batch (10 prompts: the TPOT);
+- ``step_per_seq_s``: the engine's CPU work per step and sequence (scheduling, sampling, detokenizing, output
+  processing; the profile's ``overhead`` rows), which grows a large batch's step (640 prompts: the TPOT);
+- ``frontend_s``: seconds the API server spends on each request before the engine sees it
+  (:mod:`simulator.core.engine`): what delays the first token of a burst sent at t = 0 by ~2 ms per request.
+
+Each candidate is written as an analytical profile over :data:`CALIBRATION_GRID`, fitted by the simulator's
+``interp`` fitter as the shipped profile is, and every file is replayed in the simulator (its lengths in order;
+arrivals at t = 0 for ``request_rate`` inf, else drawn at its rate and burstiness; its ``max_concurrency``);
+the loss is the sum of squared log ratios, simulated over measured, of :data:`LOSS_FIGURES` over the files
+(Nelder-Mead over the logs of the parameters, so they stay positive). The figures follow vLLM's own conventions
+(:func:`simulator.studies.vllm_io.vllm_style_figures`): a request whose stream carried no text counts with TTFT 0
+and no output tokens; TPOT only over outputs longer than one token.
+
+Held-out error: each file is predicted by the parameters fitted to the other files alone (leave-one-file-out,
+every fit started from the same defaults), and the metadata records each file's simulated and measured
+:data:`TARGET_FIGURES` and their relative errors; the shipped profile is the fit to all files. With
+``--start META.json`` the parameters not named by ``--fit`` are taken from an earlier calibration (e.g. a 70B
+deployment's two files refit what differs from the 8B deployment calibrated on the same GPU and vLLM).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from policies.errors import UserError
+from profiles.analytical import GPUS, Deployment, Efficiency, analytical_profile
+from profiles.grid import Grid, powers_of_two
+from simulator.config import SimConfig
+from simulator.costs.cost_model import CostModel, fit_cost_model
+from simulator.costs.profile_table import ProfileTable, write_profile
+from simulator.studies import vllm_io
+
+#: The fitted parameters (module docstring), their defaults (the start of every fit) and units.
+PARAMETERS = ("compute", "bandwidth", "pass_overhead_s", "step_per_seq_s", "frontend_s")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The fitted numbers of a vLLM deployment (module docstring). Fractions, and seconds."""
+
+    compute: float = 0.47
+    """Fraction of the datasheet's dense bf16 FLOP/s the engine's kernels reach."""
+    bandwidth: float = 0.64
+    """Fraction of the datasheet's HBM bytes/s the engine's kernels reach."""
+    pass_overhead_s: float = 1e-3
+    """Seconds per forward pass beyond its kernels (every pass: target decode and prefill, draft)."""
+    step_per_seq_s: float = 2e-5
+    """CPU seconds per engine step and running sequence (scheduling, sampling, detokenizing)."""
+    frontend_s: float = 2e-3
+    """API-server seconds per request before the engine sees it."""
+
+    def efficiency(self) -> Efficiency:
+        """The analytical model's efficiencies and per-pass overhead (its per-layer term folded into the fixed one)."""
+        return replace(Efficiency(), compute=self.compute, bandwidth=self.bandwidth,
+                       overhead_fixed_s=self.pass_overhead_s, overhead_per_layer_s=0.0)
+
+    def vector(self, names: Sequence[str]) -> np.ndarray:
+        return np.log([getattr(self, n) for n in names])
+
+    def with_vector(self, names: Sequence[str], x: np.ndarray) -> "Calibration":
+        return replace(self, **{n: float(math.exp(v)) for n, v in zip(names, x)})
+
+
+#: The figures each file's simulation is compared on in the loss (vLLM's names; ttft_p90 from its per-request TTFTs,
+#: when the file has them).
+LOSS_FIGURES = ("duration", "median_tpot_ms", "mean_ttft_ms", "mean_e2el_ms", "median_itl_ms", "ttft_p90_ms")
+#: The figures the held-out error is reported on.
+TARGET_FIGURES = ("duration", "median_tpot_ms", "mean_ttft_ms", "mean_e2el_ms")
+
+#: The grid calibrated profiles are written over: the GPU profiles' grid with short prompts and contexts added
+#: (ShareGPT's prompts are often tens of tokens) and query lengths up to 9 for speculation.
+CALIBRATION_GRID = Grid(batch_sizes=powers_of_two(1, 512), query_lens=tuple(range(1, 10)),
+                        context_lens=powers_of_two(16, 4096), prefill_lens=powers_of_two(16, 4096),
+                        max_prefill_tokens=16384)
+#: The grid the loss is evaluated on: the same, target decode at one token a sequence only (no-spec results).
+FIT_GRID = replace(CALIBRATION_GRID, query_lens=(1,))
+
+
+@dataclass(frozen=True)
+class Result:
+    """One vLLM result file, read and checked, with the workload it replays."""
+
+    path: str
+    data: dict
+    measured: dict[str, float]
+
+
+def read_results(paths: Sequence[str]) -> list[Result]:
+    """The files, each read by :func:`simulator.studies.vllm_io.read_vllm_result` (per-request lists required)."""
+    if not paths:
+        raise UserError("calibrate: give one or more vllm bench serve --save-result JSON files")
+    out = []
+    for path in paths:
+        data = vllm_io.read_vllm_result(path, replay=True)
+        out.append(Result(str(path), data, measured_figures(data)))
+    return out
+
+
+def measured_figures(data: dict) -> dict[str, float]:
+    """:data:`LOSS_FIGURES` of a vLLM result as it saved them (the TTFT's 90th percentile from its per-request TTFTs,
+    over requests whose stream carried text)."""
+    figures = vllm_io.vllm_figures(data)
+    out = {k: figures[k] for k in LOSS_FIGURES if k in figures}
+    ttfts = data.get("ttfts")
+    if ttfts:
+        ok = vllm_io.succeeded(data, len(ttfts))
+        ok = [True] * len(ttfts) if ok is None else ok
+        seen = np.array([t for t, n, keep in zip(ttfts, data["output_lens"], ok) if n > 0 and keep], dtype=float)
+        if seen.size:
+            out["ttft_p90_ms"] = float(np.percentile(seen, 90)) * 1e3
+    return out
+
+
+def simulated_figures(result: Result, base: SimConfig, cost: CostModel) -> dict[str, float]:
+    """Replay ``result``'s workload under ``base`` (the vLLM settings) priced by ``cost``; its figures as vLLM
+    computes them."""
+    from simulator.core.runner import run_simulation
+    from simulator.inputs.workload import Workload
+
+    trace = vllm_io.replay_trace(result.data, base.seed)
+    workload = Workload(arrival_time=trace["arrival_time"].to_numpy(float),
+                        prompt_tokens=trace["prompt_tokens"].to_numpy(np.int64),
+                        output_tokens=trace["output_tokens"].to_numpy(np.int64), source=result.path)
+    concurrency = result.data.get("max_concurrency")
+    config = base.replace(arrival="trace", trace=result.path, rate=None, trace_speedup=None, cv=1.0,
+                          max_concurrency=concurrency if isinstance(concurrency, int) else base.max_concurrency)
+    run = run_simulation(config, workload=workload, cost=cost)
+    requests, empty = run.requests, trace["empty_output"].to_numpy(bool)
+    figures = vllm_io.vllm_style_figures(requests, empty)
+    figures["duration"] = float(run.summary["simulated_seconds"])
+    seen = requests["ttft"].to_numpy()[~empty[requests["request_id"].to_numpy()]]
+    figures["ttft_p90_ms"] = float(np.percentile(seen, 90)) * 1e3 if seen.size else math.nan
+    return figures
+
+
+def relative_errors(simulated: dict[str, float], measured: dict[str, float],
+                    names: Sequence[str]) -> dict[str, float]:
+    """simulated / measured - 1 of each figure both have."""
+    return {k: simulated[k] / measured[k] - 1 for k in names
+            if k in simulated and k in measured and measured[k] > 0 and math.isfinite(simulated[k])}
+
+
+class Fitter:
+    """The loss over a set of files and its minimisation (module docstring)."""
+
+    def __init__(self, dep: Deployment, base: SimConfig, results: Sequence[Result]) -> None:
+        self.dep, self.base, self.results = dep, base, list(results)
+
+    def cost(self, cal: Calibration, grid: Grid = FIT_GRID) -> CostModel:
+        frame, meta = calibrated_profile(self.dep, cal, grid)
+        return fit_cost_model(ProfileTable(frame=frame, meta=meta, path="calibration candidate"), "interp")
+
+    def loss(self, cal: Calibration, results: Sequence[Result]) -> float:
+        if cal.compute > 1 or cal.bandwidth > 1:
+            return math.inf  # beyond the datasheet's peak: not a physical engine
+        cost = self.cost(cal)
+        total = 0.0
+        for result in results:
+            simulated = simulated_figures(result, self.base, cost)
+            for k, v in result.measured.items():
+                s = simulated.get(k, math.nan)
+                total += math.log(s / v) ** 2 if s > 0 and v > 0 else 100.0
+        return total
+
+    def fit(self, start: Calibration, names: Sequence[str], results: Sequence[Result], max_evals: int) -> Calibration:
+        """Nelder-Mead over the logs of ``names`` from ``start`` (the others held), on ``results``."""
+        from scipy.optimize import minimize
+
+        if not names:
+            return start
+        x0 = start.vector(names)
+        # a simplex of +-30% steps: the parameters are fractions and seconds known to within a few times
+        simplex = np.vstack([x0] + [x0 + 0.3 * np.eye(len(names))[i] for i in range(len(names))])
+        best = minimize(lambda x: self.loss(start.with_vector(names, x), results), x0, method="Nelder-Mead",
+                        options={"maxfev": max_evals, "initial_simplex": simplex, "xatol": 1e-3, "fatol": 1e-5})
+        return start.with_vector(names, best.x)
+
+
+def calibrated_profile(dep: Deployment, cal: Calibration, grid: Grid) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The analytical profile of ``dep`` at ``cal``'s efficiencies over ``grid``, with the per-step CPU work as
+    ``overhead`` rows (``step_per_seq_s`` x batch size) and the front end as a ``frontend`` row."""
+    frame, meta = analytical_profile(dep, grid, eff=cal.efficiency())
+    overhead = pd.DataFrame({"role": "target", "phase": "overhead", "batch_size": list(grid.batch_sizes),
+                             "query_len": 0, "context_len": 0,
+                             "seconds": [cal.step_per_seq_s * b for b in grid.batch_sizes]})
+    frontend = pd.DataFrame({"role": ["target"], "phase": ["frontend"], "batch_size": [1], "query_len": [0],
+                             "context_len": [0], "seconds": [cal.frontend_s]})
+    return pd.concat([frame, overhead, frontend], ignore_index=True), meta
+
+
+def held_out(fitter: Fitter, names: Sequence[str], start: Calibration, max_evals: int,
+             log: Any = None) -> list[dict[str, Any]]:
+    """Leave-one-file-out: each file's :data:`TARGET_FIGURES` predicted by the fit to the others (rows: file,
+    figure, measured, simulated, relative error, and the held-out fit's parameters)."""
+    rows = []
+    for i, result in enumerate(fitter.results):
+        others = fitter.results[:i] + fitter.results[i + 1:]
+        cal = fitter.fit(start, names, others, max_evals) if others else start
+        simulated = simulated_figures(result, fitter.base, fitter.cost(cal, CALIBRATION_GRID))
+        errors = relative_errors(simulated, result.measured, TARGET_FIGURES)
+        for k, e in errors.items():
+            rows.append({"file": Path(result.path).name, "figure": k, "measured": result.measured[k],
+                         "simulated": simulated[k], "relative_error": e})
+        if log:
+            log(f"held out {Path(result.path).name}: " + ", ".join(f"{k} {e:+.1%}" for k, e in errors.items()))
+    return rows
+
+
+def calibrate(paths: Sequence[str], dep: Deployment, base: SimConfig, out: Path, names: Sequence[str],
+              start: Calibration, max_evals: int, log: Any = print) -> dict[str, Any]:
+    """Fit, measure the held-out error, write the profile; returns its metadata's ``calibration`` block."""
+    results = read_results(paths)
+    fitter = Fitter(dep, base, results)
+    log(f"calibrating {', '.join(names) or 'nothing'} on {len(results)} file(s) of {dep.target} on "
+        f"{dep.tp} x {dep.gpu_key}")
+    rows = held_out(fitter, names, start, max_evals, log)
+    cal = fitter.fit(start, names, results, max_evals)
+    cost = fitter.cost(cal, CALIBRATION_GRID)
+    fitted = []
+    for result in results:
+        simulated = simulated_figures(result, base, cost)
+        for k, e in relative_errors(simulated, result.measured, TARGET_FIGURES).items():
+            fitted.append({"file": Path(result.path).name, "figure": k, "measured": result.measured[k],
+                           "simulated": simulated[k], "relative_error": e})
+    errors = [abs(r["relative_error"]) for r in rows]
+    block = {
+        "note": "calibrated to vLLM results",
+        "files": [{"path": r.path, "source": r.data.get("source"), "num_prompts": len(r.data["input_lens"]),
+                   "request_rate": r.data["request_rate"], "max_concurrency": r.data.get("max_concurrency")}
+                  for r in results],
+        "settings": {k: v for k, v in base.to_dict().items() if k in SETTINGS},
+        "fitted": list(names),
+        "parameters": asdict(cal),
+        "parameter_units": {"compute": "fraction of peak FLOP/s", "bandwidth": "fraction of peak HBM bytes/s",
+                            "pass_overhead_s": "s per pass", "step_per_seq_s": "s per step and sequence",
+                            "frontend_s": "s per request"},
+        "held_out": rows,
+        "held_out_summary": {"median_abs_error": float(np.median(errors)) if errors else None,
+                             "max_abs_error": float(max(errors)) if errors else None,
+                             "method": "leave-one-file-out: each file predicted by the fit to the others"},
+        "in_sample": fitted,
+        "loss_figures": list(LOSS_FIGURES),
+    }
+    frame, meta = calibrated_profile(dep, cal, CALIBRATION_GRID)
+    meta["calibration"] = block
+    meta["efficiency_source"] = ("calibrated to vLLM results (profiles/calibrate.py): " +
+                                 ", ".join(Path(r.path).name for r in results))
+    write_profile(frame, meta, out)
+    return block
+
+
+#: The config fields that describe the vLLM deployment (recorded in the profile's metadata).
+SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_utilization", "scheduler",
+            "num_scheduler_steps", "cuda_graph_sizes", "enable_prefix_caching", "num_gpu_blocks")
+
+
+def transfer(source: str, dep: Deployment, out: Path) -> Calibration:
+    """Write ``dep``'s profile with the parameters of the calibrated profile ``source`` (another GPU or model): the
+    efficiencies are fractions of a datasheet and the overheads host-side seconds, so they carry over while the
+    roofline moves with the datasheet and the architecture. A transfer, not a fit: the metadata says so and keeps
+    the source's calibration block."""
+    cal = read_start(source, "--transfer-from")
+    frame, meta = calibrated_profile(dep, cal, CALIBRATION_GRID)
+    origin = json.loads(_meta_of(source).read_text())["calibration"]
+    meta["calibration"] = {**origin, "note": "transferred from a profile calibrated to vLLM results",
+                           "transferred_from": str(source),
+                           "transfer": f"the parameters of {Path(source).name} (fitted on {len(origin.get('files', []))} "
+                                       f"vLLM result files) moved to {dep.tp} x {dep.gpu_key}, {dep.target} + "
+                                       f"{dep.draft} by the datasheet and the architecture; no result of this "
+                                       "deployment was fitted"}
+    meta["efficiency_source"] = f"transferred from {Path(source).name} (profiles/calibrate.py transfer)"
+    write_profile(frame, meta, out)
+    return cal
+
+
+def _meta_of(path: str) -> Path:
+    p = Path(path)
+    return p.with_name(p.stem + ".meta.json") if p.suffix.lower() == ".csv" else p
+
+
+def read_start(path: str, flag: str = "--start") -> Calibration:
+    """The parameters of an earlier calibration's ``.meta.json`` (or its profile CSV); ``flag`` names the input."""
+    try:
+        params = json.loads(_meta_of(path).read_text())["calibration"]["parameters"]
+        return Calibration(**{k: float(params[k]) for k in PARAMETERS})
+    except FileNotFoundError:
+        raise UserError(f"{flag} {path}: file not found (a calibrated profile .csv with its .meta.json)") from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UserError(f"{flag} {path}: not a calibrated profile's metadata (calibration.parameters: {exc})") from None
+
+
+def main(argv: list[str]) -> int:
+    from simulator.studies.cli import add_config_flags, config_from_args
+
+    parser = argparse.ArgumentParser(prog="run_sim.py calibrate", description=__doc__.splitlines()[0])
+    parser.add_argument("results", nargs="*", help="vllm bench serve --save-result JSON files of one deployment")
+    parser.add_argument("--transfer-from", metavar="PROFILE", help="fit nothing: write the deployment's profile with "
+                                                                   "this calibrated profile's parameters (another GPU "
+                                                                   "or model; the roofline moves by the datasheet)")
+    parser.add_argument("--gpu", required=True, help=f"the deployment's GPU: {', '.join(GPUS)}")
+    parser.add_argument("--target", required=True, help="the served model's config (a shipped name such as "
+                                                        "llama-3.1-8b, or a config.json path)")
+    parser.add_argument("--draft", default="llama-3.2-1b", help="a draft model priced by the same calibrated model, "
+                                                                "for speculation what-ifs (default llama-3.2-1b)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the deployment (default 1)")
+    parser.add_argument("--fit", default=",".join(PARAMETERS),
+                        help=f"parameters to fit, comma-separated, of {', '.join(PARAMETERS)} (default: all)")
+    parser.add_argument("--start", help="take the parameters not fitted (and the fit's start) from this earlier "
+                                        "calibrated profile (.csv or .meta.json)")
+    parser.add_argument("--max-evals", type=int, default=300, help="simulations of the file set per fit (default 300)")
+    parser.add_argument("--out", required=True, help="the profile CSV to write (its .meta.json beside it)")
+    add_config_flags(parser)
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.fit.split(",") if n.strip()]
+    for n in names:
+        if n not in PARAMETERS:
+            raise UserError(f"--fit: unknown parameter {n!r} (one of {', '.join(PARAMETERS)})")
+    if args.max_evals < 1:
+        raise UserError(f"--max-evals: must be >= 1 (got {args.max_evals})")
+    dep = Deployment(args.gpu, args.target, args.draft, args.tp)
+    out = Path(args.out)
+    if out.suffix.lower() != ".csv":
+        raise UserError(f"--out {out}: the profile is a .csv (its .meta.json is written beside it)")
+    if args.transfer_from:
+        if args.results:
+            raise UserError("calibrate --transfer-from fits nothing: give no result files with it")
+        cal = transfer(args.transfer_from, dep, out)
+        print("parameters (transferred): " + ", ".join(f"{k} {v:.4g}" for k, v in asdict(cal).items()))
+        print(f"profile: {out}")
+        return 0
+    if not args.results:
+        raise UserError("calibrate: give one or more vllm bench serve --save-result JSON files (or --transfer-from)")
+    base = config_from_args(args, arrival="trace", trace="-")
+    start = read_start(args.start) if args.start else Calibration()
+    block = calibrate(args.results, dep, base, out, names, start, args.max_evals)
+    summary = block["held_out_summary"]
+    print("parameters: " + ", ".join(f"{k} {v:.4g}" for k, v in block["parameters"].items()))
+    if summary["median_abs_error"] is not None:
+        print(f"held-out error over {len(block['held_out'])} figures: median {summary['median_abs_error']:.1%}, "
+              f"worst {summary['max_abs_error']:.1%}")
+    print(f"profile: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
