@@ -287,9 +287,12 @@ def transfer(source: str, dep: Deployment, out: Path) -> Calibration:
     cal = read_start(source, "--transfer-from")
     frame, meta = calibrated_profile(dep, cal, CALIBRATION_GRID)
     origin = json.loads(_meta_of(source).read_text())["calibration"]
-    meta["calibration"] = {**origin, "note": "transferred from a profile calibrated to vLLM results",
+    fitted_on = len(origin.get("files", []))
+    kept = {k: origin[k] for k in ("files", "settings", "fitted", "parameters", "parameter_units") if k in origin}
+    meta["calibration"] = {**kept, "note": "transferred from a profile calibrated to vLLM results",
+                           "source_held_out_summary": origin.get("held_out_summary"),
                            "transferred_from": str(source),
-                           "transfer": f"the parameters of {Path(source).name} (fitted on {len(origin.get('files', []))} "
+                           "transfer": f"the parameters of {Path(source).name} (fitted on {fitted_on} "
                                        f"vLLM result files) moved to {dep.tp} x {dep.gpu_key}, {dep.target} + "
                                        f"{dep.draft} by the datasheet and the architecture; no result of this "
                                        "deployment was fitted"}
@@ -301,6 +304,15 @@ def transfer(source: str, dep: Deployment, out: Path) -> Calibration:
 def _meta_of(path: str) -> Path:
     p = Path(path)
     return p.with_name(p.stem + ".meta.json") if p.suffix.lower() == ".csv" else p
+
+
+#: The flag help of the settings vLLM spells otherwise.
+SETTING_HELP = {
+    "scheduler": "prefill-first (vLLM v0 without --enable-chunked-prefill) or chunked-prefill (the V1 scheduler, or "
+                 "v0 with --enable-chunked-prefill)",
+    "num_gpu_blocks": "KV-cache blocks (vLLM's --num-gpu-blocks-override; default: from the memory budget)",
+    "cuda_graph_sizes": "vLLM's --cuda-graph-sizes, comma-separated (v0 captured 1,2,4,8,16,...,256)",
+}
 
 
 def read_start(path: str, flag: str = "--start") -> Calibration:
@@ -315,7 +327,7 @@ def read_start(path: str, flag: str = "--start") -> Calibration:
 
 
 def main(argv: list[str]) -> int:
-    from simulator.studies.cli import add_config_flags, config_from_args
+    from simulator.studies.specs import parse_field_value
 
     parser = argparse.ArgumentParser(prog="run_sim.py calibrate", description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="*", help="vllm bench serve --save-result JSON files of one deployment")
@@ -334,7 +346,15 @@ def main(argv: list[str]) -> int:
                                         "calibrated profile (.csv or .meta.json)")
     parser.add_argument("--max-evals", type=int, default=300, help="simulations of the file set per fit (default 300)")
     parser.add_argument("--out", required=True, help="the profile CSV to write (its .meta.json beside it)")
-    add_config_flags(parser)
+    settings = parser.add_argument_group("the vLLM settings the results ran with (simulate's flags of the same names; "
+                                         "default: the simulator's)")
+    for name in SETTINGS:
+        flag = "--" + name.replace("_", "-")
+        text = SETTING_HELP.get(name, f"vLLM's {flag}")
+        if name == "enable_prefix_caching":
+            settings.add_argument(flag, dest=name, action="store_true", default=None, help=text)
+        else:
+            settings.add_argument(flag, dest=name, metavar=name.upper(), default=None, help=text)
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.fit.split(",") if n.strip()]
     for n in names:
@@ -355,7 +375,9 @@ def main(argv: list[str]) -> int:
         return 0
     if not args.results:
         raise UserError("calibrate: give one or more vllm bench serve --save-result JSON files (or --transfer-from)")
-    base = config_from_args(args, arrival="trace", trace="-")
+    given = {name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}
+    base = SimConfig(arrival="trace", trace="-", rate=None, **{
+        name: value if isinstance(value, bool) else parse_field_value(name, value) for name, value in given.items()})
     start = read_start(args.start) if args.start else Calibration()
     block = calibrate(args.results, dep, base, out, names, start, args.max_evals)
     summary = block["held_out_summary"]

@@ -18,7 +18,9 @@ import run_sim
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 #: Flags rewritten to keep the test cheap: flag -> small value.
-SMALL = {"--num-prompts": "40", "--num-requests": "40", "--seeds": "0", "--sizes": "300", "--workers": "2"}
+SMALL = {"--num-prompts": "40", "--num-requests": "40", "--seeds": "0", "--sizes": "300", "--workers": "2",
+         "--max-evals": "2"}
+ROOT = README.parent
 #: Commands only parsed (--help): they need torch models, a device, or minutes.
 HELP_ONLY = ("profile", "validate")
 
@@ -44,8 +46,9 @@ def readme_commands() -> list[str]:
 
 
 def small(argv: list[str]) -> list[str]:
-    """``argv`` with the flags of :data:`SMALL` set small and at most two rates."""
-    out = list(argv)
+    """``argv`` with the flags of :data:`SMALL` set small, at most two rates, and the shipped files of
+    ``profiles/data/`` named from the repository (the commands run in a scratch folder)."""
+    out = [str(ROOT / a) if a.startswith("profiles/data/") else a for a in argv]
     for i, arg in enumerate(out[:-1]):
         if arg in SMALL:
             out[i + 1] = SMALL[arg]

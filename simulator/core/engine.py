@@ -58,6 +58,7 @@ from policies.protocol import admit_fcfs, checked_proposal, draft_lag, lookahead
 from policies.step_time import catchup_step_seconds, predict_step_seconds, uniform_memo
 from policies.errors import UserError
 from simulator.core import runs
+from simulator.core.prefix_cache import PrefixCache, block_hashes
 from simulator.core.runs import DecodeRuns
 from simulator.costs.cost_model import CostModel
 from simulator.inputs.acceptance import AcceptanceModel
@@ -86,6 +87,8 @@ class EngineSpec:
     """A request that can never fit in the KV cache stops the run (True) or is ignored (False, vLLM's way)."""
     scheduler_steps: int = 1
     """Decode steps per scheduling (vLLM v0's ``--num-scheduler-steps``; 1: every step scheduled)."""
+    prefix_caching: bool = False
+    """vLLM's ``--enable-prefix-caching`` (:mod:`simulator.core.prefix_cache`)."""
     max_concurrency: int | None = None
     """The client sends at most this many requests at a time (``vllm bench serve --max-concurrency``; None: no
     limit)."""
@@ -141,6 +144,9 @@ class SimulatedEngine(DecodeRuns):
         if spec.max_concurrency is not None:  # sending may come later than the workload's time: the record moves
             recorder.arrival_time = np.array(recorder.arrival_time, dtype=np.float64)
         self.free_blocks = spec.num_gpu_blocks
+        self.cache = PrefixCache(spec.num_gpu_blocks, spec.block_size) if spec.prefix_caching else None
+        """The prefix cache (None: off). ``free_blocks`` stays the engine's count; the cache is synced to it."""
+        self.prompt_id: list[int] = workload.prompt_ids().tolist() if spec.prefix_caching else []
         self.prefilling: list[Prefill] = []
         # The decode batch, in admission order (newest last), as parallel lists of ints: at serving batch sizes
         # (tens) plain Python beats small numpy calls several times over; the numpy paths convert.
@@ -303,6 +309,9 @@ class SimulatedEngine(DecodeRuns):
         (:func:`policies.protocol.admit_fcfs`, as the real engine admits). A prompt longer than the budget is
         admitted alone (vLLM v0 would need the budget raised)."""
         s = self.spec
+        cache = self.cache
+        if cache is not None:
+            return self._admit_prefill_cached(cache)
 
         def tokens_of(rid: int) -> int:
             return self.prompt[rid] + self.generated[rid]
@@ -318,8 +327,51 @@ class SimulatedEngine(DecodeRuns):
         admit_fcfs(self.waiting, s.max_num_seqs - len(self.rid), s.max_num_batched_tokens, tokens_of, reserve)
         return bool(self.prefilling)
 
+    def _admit_prefill_cached(self, cache: PrefixCache) -> bool:
+        """:meth:`_admit_prefill` with prefix caching: a request's cached leading blocks skip prefill (its entry
+        starts ``done`` at them) and count neither in the token budget nor, when held by another, in free blocks."""
+        s = self.spec
+        bs = s.block_size
+        cache.sync(self.free_blocks)
+        hits: dict[int, int] = {}
+
+        def tokens_of(rid: int) -> int:  # tokens to compute: the uncached ones
+            tokens = self.prompt[rid] + self.generated[rid]
+            hits[rid] = cache.hit_blocks(self._hashes(rid), tokens)
+            return tokens - hits[rid] * bs
+
+        def reserve(rid: int, _new_tokens: int) -> bool:
+            tokens = self.prompt[rid] + self.generated[rid]
+            hashes, hit = self._hashes(rid), hits[rid]
+            blocks = -(-tokens // bs)
+            if cache.touch_cost(hashes, hit) + blocks - hit > self.free_blocks:
+                return False
+            cache.acquire(rid, hashes, hit, tokens)
+            cache.take(blocks - hit)
+            cache.register(rid, tokens)  # scheduled: its full prompt blocks are cached now (vLLM v1)
+            self.free_blocks = cache.free_blocks
+            self.prefilling.append(Prefill(rid, hit * bs, tokens, blocks))
+            return True
+
+        admit_fcfs(self.waiting, s.max_num_seqs - len(self.rid), s.max_num_batched_tokens, tokens_of, reserve)
+        return bool(self.prefilling)
+
+    def _hashes(self, rid: int) -> range:
+        """Block keys of request ``rid``'s prompt (prefix caching)."""
+        return block_hashes(self.prompt_id[rid], self.prompt[rid], self.spec.block_size)
+
+    def _release(self, rid: int, blocks: int) -> None:
+        """Request ``rid`` gives back its ``blocks`` KV blocks (finished or preempted)."""
+        cache = self.cache
+        if cache is None:
+            self.free_blocks += blocks
+            return
+        cache.sync(self.free_blocks)
+        cache.release(rid, blocks)
+        self.free_blocks = cache.free_blocks
+
     def _prefill_step(self):
-        chunks = [(entry, entry.total) for entry in self.prefilling]
+        chunks = [(entry, entry.total - entry.done) for entry in self.prefilling]
         seconds = self._prefill_seconds(chunks) + self.cost.prefill_overhead_time(len(chunks))
         start = self.env.now
         yield self.env.timeout(seconds)
@@ -367,9 +419,22 @@ class SimulatedEngine(DecodeRuns):
             chunks.append((entry, chunk))
             budget -= chunk
         seats = s.max_num_seqs - len(self.rid) - len(self.prefilling)
+        cache = self.cache
         while self.waiting and seats > 0 and budget > 0:
             rid = self.waiting[0]
-            entry = Prefill(rid, 0, self.prompt[rid] + self.generated[rid], 0)
+            total = self.prompt[rid] + self.generated[rid]
+            if cache is None:
+                entry = Prefill(rid, 0, total, 0)
+            else:  # its cached leading blocks: held at once, never computed
+                cache.sync(self.free_blocks)
+                hashes = self._hashes(rid)
+                hit = cache.hit_blocks(hashes, total)
+                entry = Prefill(rid, hit * s.block_size, total, hit)
+                room = (hit + self.free_blocks - cache.touch_cost(hashes, hit)) * s.block_size - entry.done
+                if min(total - entry.done, budget, room) <= 0:
+                    break
+                cache.acquire(rid, hashes, hit, total)
+                self.free_blocks = cache.free_blocks
             chunk = self._grow_chunk(entry, budget)
             if chunk == 0:
                 break
@@ -391,6 +456,9 @@ class SimulatedEngine(DecodeRuns):
         need = -(-(done + chunk) // bs) - held
         self.free_blocks -= need
         entry.blocks += need
+        if self.cache is not None:  # scheduled: its full prompt blocks in this chunk are cached now (vLLM v1)
+            self.cache.sync(self.free_blocks)
+            self.cache.register(entry.rid, done + chunk)
         return chunk
 
     # -- shared pieces --------------------------------------------------------------------------
@@ -413,7 +481,7 @@ class SimulatedEngine(DecodeRuns):
                 self.generated[rid] += 1
                 left = self.output[rid] - self.generated[rid]
                 if left == 0:
-                    self.free_blocks += blocks
+                    self._release(rid, blocks)
                     self._finish(rid, now)
                     continue
                 if self.generated[rid] == 1:  # not after a recompute: the request keeps its acceptance state
@@ -464,12 +532,12 @@ class SimulatedEngine(DecodeRuns):
         if self.prefilling:
             entry = self.prefilling.pop()
             rid = entry.rid
-            self.free_blocks += entry.blocks
+            self._release(rid, entry.blocks)
         else:
             rid = self.rid.pop()
             self.ctx.pop()
             self.generated[rid] = self.output[rid] - self.left.pop()
-            self.free_blocks += self.blocks.pop()
+            self._release(rid, self.blocks.pop())
             self._record_spec(rid, self.totals.pop())
             self.policy.finish(rid)
             self.lag.pop(rid, None)  # recomputed from its prompt: the draft's prefill sees everything
@@ -578,7 +646,7 @@ class SimulatedEngine(DecodeRuns):
             rid = self.rid.pop(i)
             del self.ctx[i], self.left[i]
             self.generated[rid] = self.output[rid]
-            self.free_blocks += self.blocks.pop(i)
+            self._release(rid, self.blocks.pop(i))
             self._record_spec(rid, self.totals.pop(i))
             self._finish(rid, now)
             self.acceptance.finish(rid)

@@ -157,6 +157,7 @@ def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_
         strict_fit=config.strict_fit,
         scheduler_steps=config.num_scheduler_steps,
         max_concurrency=config.max_concurrency,
+        prefix_caching=config.enable_prefix_caching,
         **({"run_steps": 1} if step_by_step else {}),
     )
     recorder = Recorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens, config.save_steps)
@@ -186,6 +187,8 @@ def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_
         "config_hash": config_hash(config),
         "wall_seconds": time.perf_counter() - wall,
     })
+    if engine.cache is not None:
+        summary.update(engine.cache.stats.as_dict())
     return SimResult(config, summary, recorder)
 
 

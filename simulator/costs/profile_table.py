@@ -70,7 +70,8 @@ def method_label(meta: dict) -> str:
     (``run_sim.py calibrate``) adds ``calibrated to vLLM`` or ``transferred from vLLM-calibrated``."""
     method = meta.get("method", "measured")
     if isinstance(meta.get("calibration"), dict):  # profiles/calibrate.py: fitted to (or moved from) vLLM's results
-        return f"{method}, {'transferred from vLLM-calibrated' if 'transferred_from' in meta['calibration'] else 'calibrated to vLLM'}"
+        moved = "transferred_from" in meta["calibration"]
+        return f"{method}, {'transferred from vLLM-calibrated' if moved else 'calibrated to vLLM'}"
     if method != "measured":
         return method
     return f"measured, {FORWARDS.get(meta.get('forward', 'eager'), meta.get('forward'))}"

@@ -90,6 +90,9 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--dataset-path", metavar="FILE", default=None,
                        help="vLLM's --dataset-path: request lengths sampled from this ShareGPT JSON dataset (or length "
                             "CSV); the same as --length-dist file --length-file FILE")
+    group.add_argument("--enable-chunked-prefill", action="store_true", default=None,
+                       help="vLLM's --enable-chunked-prefill (v0; always on in the V1 scheduler): the same as "
+                            "--scheduler chunked-prefill")
     group.add_argument("--dataset-name", choices=("sharegpt",), default=None,
                        help="vLLM's --dataset-name; only sharegpt (with --dataset-path) is read here")
 
@@ -136,7 +139,8 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
 
 
 def _vllm_flags(args: argparse.Namespace, data: dict[str, Any]) -> None:
-    """``--burstiness`` and ``--dataset-path`` (vLLM's flags that set two fields each) into ``data``."""
+    """``--burstiness``, ``--enable-chunked-prefill`` and ``--dataset-path`` (vLLM's flags for fields named otherwise
+    here) into ``data``."""
     import math
 
     burstiness = getattr(args, "burstiness", None)
@@ -151,6 +155,10 @@ def _vllm_flags(args: argparse.Namespace, data: dict[str, Any]) -> None:
             raise UserError("--burstiness and --cv: give one (burstiness B is cv = 1/sqrt(B))")
         if b != 1.0 or data.get("arrival") == "gamma":
             data["arrival"], data["cv"] = "gamma", 1.0 / math.sqrt(b)
+    if getattr(args, "enable_chunked_prefill", None):
+        if getattr(args, "scheduler", None) not in (None, "chunked-prefill"):
+            raise UserError(f"--enable-chunked-prefill and --scheduler {args.scheduler}: give one")
+        data["scheduler"] = "chunked-prefill"
     dataset = getattr(args, "dataset_path", None)
     if getattr(args, "dataset_name", None) and not dataset:
         raise UserError("--dataset-name sharegpt: needs --dataset-path FILE.json")
@@ -464,7 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     compare = sub.add_parser("compare", help=COMMANDS["compare"], description=COMMANDS["compare"] + (
         ". A or B: a simulate folder (summary.json), a sweep folder (summary.csv) or a vLLM result JSON. With one vLLM "
-        "result JSON: its workload (lengths in order; arrivals drawn at its request_rate and burstiness) is simulated "
+        "result JSON: its workload (successful requests' lengths in order; arrivals as recorded, else drawn at its "
+        "request_rate and burstiness; its max_concurrency) is simulated "
         "with the config flags given, and simulated is printed against measured per metric."))
     compare.add_argument("inputs", nargs="+", metavar="A [B]", help="two runs or sweeps, or one vLLM result JSON")
     compare.add_argument("--out", metavar="DIR", help="where the table, figure (and a replayed run) go "

@@ -371,9 +371,9 @@ def vllm_style_figures(requests: Any, empty_output: Any, goodput_slo: Mapping[st
     """The comparable figures (:func:`summary_figures`) of a replayed run's per-request frame, counted as vLLM's
     ``calculate_metrics`` (vllm/benchmarks/serve.py) counts a completed request that streamed no text: TTFT 0 (its
     first-token time is never set) and output length 0 in every statistic and throughput, its latency as measured;
-    it has no TPOT either way (replayed as 1 token; vLLM takes TPOT over outputs longer than 1 token only). ``empty_output``: per row of the replayed trace
-    (:func:`replay_trace`), indexed by the frame's ``request_id``; ``goodput_slo`` (metric -> ms) and
-    ``acceptance_length`` as :func:`simulator.metrics.summarize` takes them."""
+    it has no TPOT either way (replayed as 1 token; vLLM takes TPOT over outputs longer than 1 token only).
+    ``empty_output``: per row of the replayed trace (:func:`replay_trace`), indexed by the frame's ``request_id``;
+    ``goodput_slo`` (metric -> ms) and ``acceptance_length`` as :func:`simulator.metrics.summarize` takes them."""
     from simulator.metrics import summarize
 
     columns = {name: requests[name].to_numpy() for name in requests.columns}
