@@ -32,12 +32,16 @@ profile's own):
   engine through one server that handles them one at a time (an API server's HTTP parsing and tokenization in one
   event loop) and hands over what it has handled when it runs out of work: a burst sent at once reaches the engine
   together, after the whole burst was handled (what vLLM's public benchmark results show: with 640 prompts sent at
-  t = 0 no first token comes back before 1.4 s, and then in prefill-sized groups);
+  t = 0 no first token comes back before 1.4 s, and then in prefill-sized groups). Arrivals that keep coming faster
+  than one per ``frontend`` seconds keep the front end busy, and nothing reaches the engine until they pause: an
+  API server overloaded for good, which a run at that rate should show as the collapse it is;
 - the client's ``max_concurrency`` (``vllm bench serve --max-concurrency``): a closed loop, at most that many
   requests in flight; a request waits for a finish before it is sent, and its latency counts from sending;
 - multi-step scheduling (``num_scheduler_steps`` n > 1, vLLM v0): the decode batch runs n steps per scheduling
   (:meth:`SimulatedEngine._multi_step`), its tokens streamed at the chunk's end as one chunk, admissions between
   chunks only;
+- automatic prefix caching (``enable_prefix_caching``, :mod:`simulator.core.prefix_cache`): an admitted request's
+  leading full prompt blocks already cached are held, not computed, and its prefill prices only the rest;
 - CUDA-graph padding (``cuda_graph_sizes``) is the cost model's (:mod:`simulator.costs.cuda_graphs`).
 
 Bookkeeping: ``ctx`` = tokens in a running request's KV cache before the next decode step
