@@ -213,21 +213,25 @@ def calibrated_profile(dep: Deployment, cal: Calibration, grid: Grid) -> tuple[p
     return pd.concat([frame, overhead, frontend], ignore_index=True), meta
 
 
+def figure_rows(result: Result, simulated: dict[str, float]) -> list[dict[str, Any]]:
+    """One row per :data:`TARGET_FIGURES` figure of ``result``: file, figure, measured, simulated, relative error."""
+    return [{"file": Path(result.path).name, "figure": k, "measured": result.measured[k], "simulated": simulated[k],
+             "relative_error": e} for k, e in relative_errors(simulated, result.measured, TARGET_FIGURES).items()]
+
+
 def held_out(fitter: Fitter, names: Sequence[str], start: Calibration, max_evals: int,
              log: Any = None) -> list[dict[str, Any]]:
-    """Leave-one-file-out: each file's :data:`TARGET_FIGURES` predicted by the fit to the others (rows: file,
-    figure, measured, simulated, relative error, and the held-out fit's parameters)."""
+    """Leave-one-file-out: each file's :data:`TARGET_FIGURES` predicted by the fit to the others
+    (:func:`figure_rows`)."""
     rows = []
     for i, result in enumerate(fitter.results):
         others = fitter.results[:i] + fitter.results[i + 1:]
         cal = fitter.fit(start, names, others, max_evals) if others else start
-        simulated = simulated_figures(result, fitter.base, fitter.cost(cal, CALIBRATION_GRID))
-        errors = relative_errors(simulated, result.measured, TARGET_FIGURES)
-        for k, e in errors.items():
-            rows.append({"file": Path(result.path).name, "figure": k, "measured": result.measured[k],
-                         "simulated": simulated[k], "relative_error": e})
+        predicted = figure_rows(result, simulated_figures(result, fitter.base, fitter.cost(cal, CALIBRATION_GRID)))
+        rows += predicted
         if log:
-            log(f"held out {Path(result.path).name}: " + ", ".join(f"{k} {e:+.1%}" for k, e in errors.items()))
+            log(f"held out {Path(result.path).name}: "
+                + ", ".join(f"{r['figure']} {r['relative_error']:+.1%}" for r in predicted))
     return rows
 
 
@@ -241,17 +245,13 @@ def calibrate(paths: Sequence[str], dep: Deployment, base: SimConfig, out: Path,
     rows = held_out(fitter, names, start, max_evals, log)
     cal = fitter.fit(start, names, results, max_evals)
     cost = fitter.cost(cal, CALIBRATION_GRID)
-    fitted = []
-    for result in results:
-        simulated = simulated_figures(result, base, cost)
-        for k, e in relative_errors(simulated, result.measured, TARGET_FIGURES).items():
-            fitted.append({"file": Path(result.path).name, "figure": k, "measured": result.measured[k],
-                           "simulated": simulated[k], "relative_error": e})
+    fitted = [row for result in results for row in figure_rows(result, simulated_figures(result, base, cost))]
     errors = [abs(r["relative_error"]) for r in rows]
     block = {
         "note": "calibrated to vLLM results",
         "files": [{"path": r.path, "source": r.data.get("source"), "num_prompts": len(r.data["input_lens"]),
-                   "request_rate": r.data["request_rate"], "max_concurrency": r.data.get("max_concurrency")}
+                   "request_rate": "inf" if math.isinf(r.data["request_rate"]) else r.data["request_rate"],
+                   "max_concurrency": r.data.get("max_concurrency")}  # "inf" as vLLM writes it: JSON has no inf
                   for r in results],
         "settings": {k: v for k, v in base.to_dict().items() if k in SETTINGS},
         "fitted": list(names),
