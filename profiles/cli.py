@@ -261,6 +261,7 @@ def plot_fit(table, path: str) -> None:
     import matplotlib.pyplot as plt
 
     from simulator.costs.cost_model import fit_cost_model, predict_row
+    from simulator.studies.plots import plain_log_ticks
 
     frame = table.frame
     fig, axes = plt.subplots(1, len(FITTERS), figsize=(5 * len(FITTERS), 4.5), squeeze=False)
@@ -272,8 +273,8 @@ def plot_fit(table, path: str) -> None:
             ax.scatter(part["seconds"], fitted, s=8, label=f"{role} {phase}")
         lo, hi = frame["seconds"].min(), frame["seconds"].max()
         ax.plot([lo, hi], [lo, hi], color="grey", lw=1)
-        ax.set(xscale="log", yscale="log", xlabel=f"{table.method} seconds", ylabel="fitted seconds",
-               title=f"{fitter} (fitted on all rows)")
+        ax.set(xlabel=f"{table.method} seconds", ylabel="fitted seconds", title=f"{fitter} (fitted on all rows)")
+        plain_log_ticks(ax, "both")
         ax.legend(fontsize=7)
     fig.suptitle(f"{table.path} ({table.method})", fontsize=9)
     fig.tight_layout()

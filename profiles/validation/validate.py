@@ -594,37 +594,74 @@ def format_table(table: pd.DataFrame) -> str:
 def format_parts(parts: pd.DataFrame) -> str:
     """Measured vs predicted seconds per part, summed over every real run (predicted as profiled, and scaled
     by each run's machine speed)."""
+    seconds, percent = "{:.2f}".format, "{:+.1%}".format
+    return parts_totals(parts).to_string(formatters={"measured": seconds, "predicted": seconds, "calibrated": seconds,
+                                                     "rel_error": percent, "rel_error_calibrated": percent})
+
+
+def parts_totals(parts: pd.DataFrame) -> pd.DataFrame:
+    """Per part, the measured, predicted and calibrated (predicted x machine speed) seconds over every real run, and
+    the relative errors of both (:func:`format_parts`' table)."""
     parts = parts.assign(calibrated=parts["predicted"] * parts["speed"])
     total = parts.groupby("part", sort=False)[["measured", "predicted", "calibrated"]].sum()
     total["rel_error"] = (total["predicted"] - total["measured"]) / total["measured"]
     total["rel_error_calibrated"] = (total["calibrated"] - total["measured"]) / total["measured"]
-    seconds, percent = "{:.2f}".format, "{:+.1%}".format
-    return total.to_string(formatters={"measured": seconds, "predicted": seconds, "calibrated": seconds,
-                                       "rel_error": percent, "rel_error_calibrated": percent})
+    return total
 
 
-def plot(table: pd.DataFrame, path: Path, title: str) -> None:
-    """Real (solid), simulated (dashed) and calibrated simulated (dotted) mean latency and TTFT against the
-    rate, one colour per policy."""
-    import matplotlib
+#: Columns of ``validate.csv`` a report shows (the file has them all).
+REPORT_COLUMNS = ["rate", "policy", "metric", "real", "sim", "rel_error", "sim_calibrated", "rel_error_calibrated",
+                  "real_noise", "timing_floor", "speed"]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+def write_report(out: Path, settings: ValidateSettings, result: Validation, choices: pd.DataFrame,
+                 payoffs: pd.DataFrame, headline: list[str], warned: list[str], figure: str | None) -> str:
+    """``OUT/report.html`` (:func:`simulator.studies.report.write_report`): the headline figures, the comparison
+    table, the figure, the decision per rate, the payoffs, how each policy decided, where the time goes and the
+    machine's drift; the settings, the engine profile (its method) and every warning the run printed."""
+    from simulator.studies import report
+
+    shown = [c for c in result.decisions.columns if c.split("_", 1)[-1] in
+             ("acceptance_rate", "mean_k", "proposed_tokens", "decode_steps")]
+    sections: list[tuple[str, typing.Any]] = [
+        ("Summary", "\n".join(headline)),
+        ("Real and simulated, per rate, policy and metric (seconds; throughput: requests/s; validate.csv)",
+         result.table[[c for c in REPORT_COLUMNS if c in result.table.columns]]),
+        ("Figure", [Path(figure)] if figure else "no figure"),
+        ("The decision per rate: lowest mean latency (choices.csv)", choices)]
+    if len(payoffs):
+        sections.append(("Each speculative policy against no-spec: mean latency ratio, below 1 it pays (payoffs.csv)",
+                         payoffs))
+    sections += [("How each policy decided, real and simulated (decisions.csv)",
+                  result.decisions[["rate", "policy"] + shown]),
+                 ("Where the time goes: every real step, measured against the cost model on its shape, seconds "
+                  "(parts.csv)", parts_totals(result.parts)),
+                 ("The machine's drift over the run (drift.json)", dict(result.drift))]
+    title = f"validate: {settings.pair}, real engine against the simulator"
+    config = {k: list(v) if isinstance(v, tuple) else v for k, v in vars(settings).items()}
+    return report.write_report(out / report.REPORT_NAME, title, sections, warned, config,
+                               [report.profile_info(settings.profile)])
+
+
+def plot(table: pd.DataFrame, path: Path, title: str) -> str:
+    """Real (solid, filled markers), simulated (dashed, hollow) and calibrated simulated (dotted, hollow) mean latency
+    and TTFT against the rate, each policy in its colour and marker in every figure
+    (:func:`simulator.studies.plots.policy_style`)."""
+    from simulator.studies.plots import plt, policy_style, save_figure
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), layout="constrained")
     for ax, metric in zip(axes, ("mean_latency", "mean_ttft")):
-        for i, (policy, part) in enumerate(table[table["metric"] == metric].groupby("policy", sort=False)):
-            color = f"C{i}"
-            ax.plot(part["rate"], part["real"], "o-", color=color, label=f"{policy} real")
-            ax.plot(part["rate"], part["sim"], "s--", color=color, label=f"{policy} simulated")
-            ax.plot(part["rate"], part["sim_calibrated"], "^:", color=color, label=f"{policy} simulated, calibrated")
+        for policy, part in table[table["metric"] == metric].groupby("policy", sort=False):
+            style = policy_style(policy)
+            ax.plot(part["rate"], part["real"], ls="-", label=f"{policy} real", **style)
+            ax.plot(part["rate"], part["sim"], ls="--", mfc="none", label=f"{policy} simulated", **style)
+            ax.plot(part["rate"], part["sim_calibrated"], ls=":", mfc="none", label=f"{policy} simulated, calibrated",
+                    **style)
         ax.set(xlabel="request rate (req/s)", ylabel=f"{metric.replace('_', ' ')} (s)")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return save_figure(fig, path)
 
 
 def _floats(flag: str, text: str) -> tuple[float, ...]:
@@ -713,18 +750,35 @@ def main(argv: list[str]) -> int:
                                 cuda_graphs=args.cuda_graphs, max_seconds=args.max_seconds,
                                 profile_now=args.profile_now, probe_every=args.probe_every, skip_idle=args.skip_idle,
                                 floor_draws=args.floor_draws)
+    from simulator.studies.report import recorded_warnings, remove_report
+
+    remove_report(args.out)  # an older run's: the report is written last, after every table
+    notes: list[str] = []
+
+    def log(message: str) -> None:
+        print(message)
+        if "not run" in message:  # a run skipped past --max-seconds: the report says so
+            notes.append(message)
+
+    with recorded_warnings() as printed:
+        return _run_and_write(Path(args.out), settings, notes, printed, log)
+
+
+def _run_and_write(out: Path, settings: ValidateSettings, notes: list[str], printed: list[str],
+                   log: typing.Callable[[str], None]) -> int:
+    """The validation proper (:func:`main`, once the flags are read): run, write every table, print, and last
+    ``report.html``."""
     from profiles.models import forward
     from profiles.models.pairs import load_pair
     from simulator.results import write_csv, write_json
 
     device = forward.setup_device(settings.device, settings.threads if settings.device == "cpu" else None)
     pair = load_pair(settings.pair, settings.draft_path, device=device, dtype=settings.dtype)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if settings.profile_now:
         print(f"profiling the {settings.pair} engine on this machine first: {out}/engine_profile.csv")
         settings = replace(settings, profile=profile_now(pair, settings, out))
-    result = run_validation(pair, settings)
+    result = run_validation(pair, settings, log)
     for (rate, policy), run in result.real.items():
         tag = f"rate{rate:g}_{policy.replace(':', '').replace('/', '_')}"
         write_csv(out / f"requests_{tag}.csv", run.requests)
@@ -736,39 +790,45 @@ def main(argv: list[str]) -> int:
     choices = result.choices()
     write_csv(out / "choices.csv", choices)
     write_json(out / "drift.json", result.drift)
-    plot(result.table, out / "validate.png",
-         f"{settings.pair}: real engine vs simulator ({settings.num_requests} requests, output {settings.output_len})")
+    figure = plot(result.table, out / "validate.png",
+                  f"{settings.pair}: real engine vs simulator ({settings.num_requests} requests, output "
+                  f"{settings.output_len})")
     print(f"\nreal and simulated, seconds (throughput: requests/s):\n{format_table(result.table)}")
-    figures = int(result.table["metric"].isin(METRICS).sum())
-    print(f"\nmedian |relative error| over {figures} latency, TTFT, TPOT and throughput figures: "
-          f"{result.median_abs_error():.1%} as profiled, {result.median_abs_error(calibrated=True):.1%} calibrated "
-          f"(machine speed {result.parts['speed'].min():.3f}..{result.parts['speed'].max():.3f} x the profile's)")
+    count = int(result.table["metric"].isin(METRICS).sum())
     worst = result.table.loc[result.table["metric"].isin(METRICS), "rel_error_calibrated"].abs().max()
     figures = result.table[result.table["metric"].isin(METRICS)]
-    print(f"worst |relative error| {worst:.1%} calibrated; sampling noise (95% bootstrap half-width, median over "
-          f"figures): of the real figures {figures['real_noise'].median():.1%}, of the errors (requests resampled "
-          f"alike on both sides) {figures['error_noise'].median():.1%}; machine drift over the run "
-          f"{result.drift['after_over_before']:.3f}x (reference pass before/after)")
-    print(f"diagnostic, fitted to each run (no prediction): at the speed read off the run's own passes "
-          f"({result.table['step_speed'].min():.3f}..{result.table['step_speed'].max():.3f} x the profile's) the "
-          f"median |error| is {figures['rel_error_step_speed'].abs().median():.1%}, worst "
-          f"{figures['rel_error_step_speed'].abs().max():.1%}: what is left where the machine's speed is known exactly")
+    headline = [
+        f"median |relative error| over {count} latency, TTFT, TPOT and throughput figures: "
+        f"{result.median_abs_error():.1%} as profiled, {result.median_abs_error(calibrated=True):.1%} calibrated "
+        f"(machine speed {result.parts['speed'].min():.3f}..{result.parts['speed'].max():.3f} x the profile's)",
+        f"worst |relative error| {worst:.1%} calibrated; sampling noise (95% bootstrap half-width, median over "
+        f"figures): of the real figures {figures['real_noise'].median():.1%}, of the errors (requests resampled "
+        f"alike on both sides) {figures['error_noise'].median():.1%}; machine drift over the run "
+        f"{result.drift['after_over_before']:.3f}x (reference pass before/after)",
+        f"diagnostic, fitted to each run (no prediction): at the speed read off the run's own passes "
+        f"({result.table['step_speed'].min():.3f}..{result.table['step_speed'].max():.3f} x the profile's) the "
+        f"median |error| is {figures['rel_error_step_speed'].abs().median():.1%}, worst "
+        f"{figures['rel_error_step_speed'].abs().max():.1%}: what is left where the machine's speed is known exactly"]
     if settings.floor_draws:
         floor = figures["timing_floor"]
         worst_floor = figures.loc[floor.idxmax()]
-        print(f"timing floor (an exact cost model against this engine's own per-pass scatter, log-sd "
-              f"{figures['pass_scatter'].min():.3f}..{figures['pass_scatter'].max():.3f}; median over "
-              f"{settings.floor_draws} draws): median {floor.median():.1%}, largest {floor.max():.1%} "
-              f"({worst_floor['metric']} at {worst_floor['rate']:g} req/s, {worst_floor['policy']}); "
-              f"{int((figures['rel_error_calibrated'].abs() <= figures['timing_floor']).sum())} of {len(figures)} "
-              f"figures err by no more than their floor")
+        headline.append(
+            f"timing floor (an exact cost model against this engine's own per-pass scatter, log-sd "
+            f"{figures['pass_scatter'].min():.3f}..{figures['pass_scatter'].max():.3f}; median over "
+            f"{settings.floor_draws} draws): median {floor.median():.1%}, largest {floor.max():.1%} "
+            f"({worst_floor['metric']} at {worst_floor['rate']:g} req/s, {worst_floor['policy']}); "
+            f"{int((figures['rel_error_calibrated'].abs() <= figures['timing_floor']).sum())} of {len(figures)} "
+            f"figures err by no more than their floor")
+    print("\n" + "\n".join(headline))
+    decision = [
+        f"the simulator picks the real engine's best policy at {choices['same_choice'].sum()} of {len(choices)} "
+        f"rates; at {choices['same_choice_normalized'].sum()} of {len(choices)} with each real run divided by its "
+        f"machine speed (the policies' runs met machines {result.table['speed'].min():.3f}.."
+        f"{result.table['speed'].max():.3f}x the profile's)",
+        f"speculation stops paying at: real {crossover(choices, 'real'):g} req/s, simulated "
+        f"{crossover(choices, 'sim'):g} req/s (nan: pays at every validated rate)"]
     print(f"\nthe decision, per rate (lowest mean latency):\n{choices.to_string(index=False)}")
-    print(f"the simulator picks the real engine's best policy at {choices['same_choice'].sum()} of {len(choices)} "
-          f"rates; at {choices['same_choice_normalized'].sum()} of {len(choices)} with each real run divided by its "
-          f"machine speed (the policies' runs met machines {result.table['speed'].min():.3f}.."
-          f"{result.table['speed'].max():.3f}x the profile's)")
-    print(f"speculation stops paying at: real {crossover(choices, 'real'):g} req/s, simulated "
-          f"{crossover(choices, 'sim'):g} req/s (nan: pays at every validated rate)")
+    print("\n".join(decision))
     payoffs = policy_payoffs(result.table)
     write_csv(out / "payoffs.csv", payoffs)
     if len(payoffs):
@@ -780,5 +840,6 @@ def main(argv: list[str]) -> int:
           f"{result.decisions[['rate', 'policy'] + shown].to_string(index=False, float_format='{:.3f}'.format)}")
     print(f"\nwhere the time goes (every real step, measured vs the cost model on its shape), seconds:\n"
           f"{format_parts(result.parts)}")
-    print(f"\nresults: {out}/validate.csv, {out}/validate.png")
+    report = write_report(out, settings, result, choices, payoffs, headline + decision, notes + printed, figure)
+    print(f"\nresults: {out}/validate.csv, {out}/validate.png\nreport: {report}")
     return 0

@@ -225,17 +225,16 @@ def print_summary(s: dict[str, Any], config: SimConfig) -> None:
 
 def warn_ignored(summary: dict[str, Any], config: SimConfig) -> None:
     """One warning line on stderr when requests were ignored because they can never fit in the KV cache."""
-    n = summary.get("ignored_requests", 0)
-    if n:
-        ids = summary.get("ignored_request_ids", [])
-        shown = ", ".join(map(str, ids[:10])) + (", ..." if len(ids) > 10 else "")
-        print(f"warning: {n} of {summary['requests']} requests can never fit in the KV cache "
-              f"({summary['num_gpu_blocks']} blocks of {config.block_size} tokens) and were ignored, as vLLM does "
-              f"(ids {shown}; all in summary.json and the 'ignored' column; --strict-fit refuses them)",
-              file=sys.stderr)
+    from simulator.studies.report import ignored_message
+
+    message = ignored_message(summary, config.block_size)
+    if message:
+        print(f"warning: {message}", file=sys.stderr)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from simulator.studies import report
+    from simulator.studies.specs import axis_column
     from simulator.studies.sweep import print_table, sweep_and_plot
 
     rates = parse_rates("--rates", args.rates)
@@ -243,25 +242,61 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     seeds = parse_seeds("--seeds", args.seeds)
     policies = parse_policy_list("--policies", args.policies)
     grid = parse_grid(args.grid or [])
-    summary, figures = sweep_and_plot(base, policies, rates, seeds, grid, args.out,
-                                      args.workers, args.cluster, args.cluster_flag, args.quiet)
+    out = Path(args.out)
+
+    def finish(summary: Any, figures: list[str]) -> None:  # under the folder's lock, after the tables and figures
+        report.write_report(
+            out / report.REPORT_NAME, f"sweep: {_count(policies, 'policy', 'policies')} x {_count(rates, 'rate')} x "
+            f"{_count(seeds, 'seed')}" + "".join(f" x {len(v)} {a}" for a, v in grid.items()),
+            report.sweep_sections(summary, [axis_column(a) for a in grid], figures),
+            report.sweep_warnings(summary, printed=printed), sweep_config(base, rates, policies, seeds, grid),
+            sweep_profiles(base, grid))
+
+    with report.recorded_warnings() as printed:
+        summary, figures = sweep_and_plot(base, policies, rates, seeds, grid, args.out, args.workers, args.cluster,
+                                          args.cluster_flag, args.quiet, finish)
     print_table(summary, axes=list(grid))
-    warn_saturated_cells(summary)
-    print(f"summary: {Path(args.out) / 'summary.csv'}")
+    warn_sweep(summary)
+    print(f"summary: {out / 'summary.csv'}")
     for f in figures:
         print(f"figure: {f}")
+    print(f"report: {out / report.REPORT_NAME}")
     return 0
 
 
-def warn_saturated_cells(summary: Any) -> None:
-    """One line naming the saturated cells of a sweep (the ``saturated`` column)."""
-    if "saturated" not in summary or not summary["saturated"].astype(bool).any():
-        return
-    cells = summary[summary["saturated"].astype(bool)]
-    shown = ", ".join(sorted({f"{p} at {r:g} req/s" for p, r in zip(cells["policy"], cells["rate"])})[:8])
-    print(f"warning: {len(cells)} of {len(summary)} runs saturated (served below offered rate, queue growing): "
-          f"{shown}{', ...' if len(cells) > 8 else ''}; their latencies depend on the run's length "
-          "(the 'saturated' column of summary.csv)", file=sys.stderr)
+def _count(items: list[Any], one: str, many: str | None = None) -> str:
+    return f"{len(items)} {one if len(items) == 1 else many or one + 's'}"
+
+
+def sweep_config(base: SimConfig, rates: list[float], policies: list[str], seeds: list[int],
+                 grid: dict[str, list[Any]]) -> dict[str, Any]:
+    """What a sweep's report shows as its config: the swept values, then every other field of the base config."""
+    swept = {"rate", "policy", "seed", *grid}
+    return {"rates": rates, "policies": policies, "seeds": seeds, **({"grid": grid} if grid else {}),
+            **{k: v for k, v in base.to_dict().items() if k not in swept}}
+
+
+def sweep_profiles(base: SimConfig, grid: dict[str, list[Any]] | None = None) -> list[dict[str, Any]]:
+    """The profiles of a sweep's report (each of a ``--grid profile=...`` axis), and the policy's own when it believes
+    in another one."""
+    from simulator.studies.report import profile_info
+
+    grid = grid or {}
+    infos = [profile_info(str(p)) for p in grid.get("profile", [base.profile])]
+    for p in grid.get("policy_profile", [base.policy_profile]):
+        if p is not None and p != base.profile:
+            infos.append(profile_info(str(p), "policy profile"))
+    return infos
+
+
+def warn_sweep(summary: Any) -> None:
+    """One line per warning a sweep's summary records (:func:`simulator.studies.report.summary_warnings`): the
+    saturated cells (the ``saturated`` column), those that ignored requests. (The Python warnings its runs printed
+    were said as the sweep ended, :func:`simulator.studies.sweep.sweep_and_plot`.)"""
+    from simulator.studies.report import summary_warnings
+
+    for message in summary_warnings(summary):
+        print(f"warning: {message}", file=sys.stderr)
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
@@ -294,7 +329,7 @@ def _writable_dir(out: Path) -> Path:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from simulator.results import write_csv
-    from simulator.studies import tune
+    from simulator.studies import report, tune
     from simulator.studies.sweep import sweep_and_plot
 
     slo = parse_slo(args.slo)
@@ -306,29 +341,57 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if base.goodput_slo and base.goodput_slo != slo.goodput_slo:
             raise UserError("tune: --slo's per-request bounds and --goodput differ; give the bounds once, in --slo")
         base = base.replace(goodput_slo=slo.goodput_slo)
-    specs = tune.candidate_specs(args.policy, tune.search_space(args.param, args.policy))
+    space = tune.search_space(args.param, args.policy)
+    specs = tune.candidate_specs(args.policy, space)
     seeds = parse_seeds("--seeds", args.seeds)
-    summary, _ = sweep_and_plot(base, specs, rates, seeds, {}, args.out, args.workers, args.cluster, args.cluster_flag,
-                                args.quiet)
-    table = tune.analyse(summary, slo)
-    write_csv(Path(args.out) / "tune.csv", table)
-    figure = tune.plot_tradeoff(table, slo, Path(args.out) / "tradeoff.png", summary, rates)
+    out = Path(args.out)
+    done: dict[str, Any] = {}
+
+    def finish(summary: Any, figures: list[str]) -> None:  # under the folder's lock: tune.csv, figure, report
+        table = tune.analyse(summary, slo)
+        write_csv(out / "tune.csv", table)
+        figure = tune.plot_tradeoff(table, slo, out / "tradeoff.png", summary, rates)
+        verdict, warned = tune_verdict(table, slo, rates)
+        report.write_report(
+            out / report.REPORT_NAME, f"tune: {args.policy} for {slo} ({_count(specs, 'setting')} x "
+            f"{_count(rates, 'rate')} x {_count(seeds, 'seed')})",
+            [("Verdict", "\n".join(verdict)), ("Settings, best first (tune.csv)", table),
+             ("Trade-off", Path(figure)), *report.sweep_sections(summary, [], figures)],
+            warned + report.sweep_warnings(summary, printed=printed),
+            {"slo": str(slo), "policy": args.policy, "search space": space,
+             **sweep_config(base, rates, specs, seeds, {})},
+            sweep_profiles(base))
+        done.update(table=table, figure=figure, verdict=verdict, warned=warned)
+
+    with report.recorded_warnings() as printed:
+        summary, _ = sweep_and_plot(base, specs, rates, seeds, {}, args.out, args.workers, args.cluster,
+                                    args.cluster_flag, args.quiet, finish)
     print(f"SLO {slo}: {len(specs)} settings x {len(rates)} rates x {len(seeds)} seeds")
-    print(table.head(10).to_string(index=False))
+    print(done["table"].head(10).to_string(index=False))
+    for line in done["verdict"]:
+        print(line)
+    for message in done["warned"]:
+        print(f"warning: {message}", file=sys.stderr)
+    warn_sweep(summary)
+    print(f"table: {out / 'tune.csv'}\nfigure: {done['figure']}\nreport: {out / report.REPORT_NAME}")
+    return 0
+
+
+def tune_verdict(table: Any, slo: Any, rates: list[float]) -> tuple[list[str], list[str]]:
+    """What a tune concludes (lines for stdout) and its warnings: no setting meets the SLO anywhere, or every one
+    meets it everywhere (the rates tried do not tell the settings apart)."""
     best = table.iloc[0]
     if best["sustainable_rate"] <= 0:
-        print(f"no setting meets the SLO even at {min(rates):g} req/s")
-        print(f"warning: the SLO is missed at every rate tried; try lower rates than {min(rates):g} req/s",
-              file=sys.stderr)
-    else:
-        print(f"best: {best['policy']} meets {slo} up to {best['sustainable_rate']:g} req/s")
-        if bool(table["meets_slo_everywhere"].all()):
-            print(f"warning: every setting meets the SLO at every rate tried (up to {max(rates):g} req/s): the "
-                  "sustainable rate is at least that; raise --rates to find where they differ", file=sys.stderr)
-        elif bool(best["meets_slo_everywhere"]):
-            print(f"note: {best['policy']} meets the SLO at every rate tried; its limit lies above {max(rates):g} req/s")
-    print(f"table: {Path(args.out) / 'tune.csv'}\nfigure: {figure}")
-    return 0
+        return ([f"no setting meets the SLO even at {min(rates):g} req/s"],
+                [f"the SLO is missed at every rate tried; try lower rates than {min(rates):g} req/s"])
+    lines = [f"best: {best['policy']} meets {slo} up to {best['sustainable_rate']:g} req/s"]
+    if bool(table["meets_slo_everywhere"].all()):
+        return lines, [f"every setting meets the SLO at every rate tried (up to {max(rates):g} req/s): the "
+                       "sustainable rate is at least that; raise --rates to find where they differ"]
+    if bool(best["meets_slo_everywhere"]):
+        lines.append(f"note: {best['policy']} meets the SLO at every rate tried; its limit lies above "
+                     f"{max(rates):g} req/s")
+    return lines, []
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

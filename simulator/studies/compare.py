@@ -8,6 +8,10 @@
   successful requests' input and output lengths in order, arrivals as recorded or drawn at its ``request_rate`` and
   ``burstiness``, its ``max_concurrency``) is simulated with the given config (profile, policy, k, ...) into ``DIR``,
   then simulated is printed against measured per metric (and ``DIR/compare.csv``, ``DIR/compare.png``).
+
+Given ``--out DIR``, both write ``DIR/report.html`` last (:func:`simulator.studies.report.write_report`): the table, the
+figure, the inputs' configs and profiles (a replay: its config and its profile's method and calibration) and their
+warnings (saturation, ignored requests, anything printed).
 """
 from __future__ import annotations
 
@@ -54,17 +58,25 @@ def _names(a: str, b: str) -> tuple[str, str]:
 def side_by_side(a: str, b: str, out: str | None) -> int:
     from simulator.results import check_out_dir, write_csv
 
+    from simulator.studies import report
+
     (ka, da), (kb, db) = _load(a), _load(b)
     names = _names(a, b)
     out_dir = check_out_dir(Path(out), "compare") if out else None
+    if out_dir:
+        report.remove_report(out_dir)
     if ka == "sweep" and kb == "sweep":
         table = _sweeps_table(da, db, names)
-        print("mean latency (s), seeds averaged; rows: request rate (req/s), policy")
+        heading = "mean latency (s), seeds averaged; rows: request rate (req/s), policy"
+        print(heading)
         print(table.to_string(index=False, float_format=lambda v: f"{v:9.3f}"))
         if out_dir:
-            write_csv(out_dir / "compare.csv", table)
-            print(f"table: {out_dir / 'compare.csv'}")
-            print(f"figure: {plot_sweeps(da, db, names, out_dir / 'compare.png')}")
+            with report.recorded_warnings() as printed:
+                write_csv(out_dir / "compare.csv", table)
+                print(f"table: {out_dir / 'compare.csv'}")
+                figure = plot_sweeps(da, db, names, out_dir / "compare.png")
+                print(f"figure: {figure}")
+                _side_by_side_report(out_dir, (a, b), ((ka, da), (kb, db)), names, heading, table, figure, printed)
         return 0
     if "sweep" in (ka, kb):
         raise UserError("compare: a sweep goes beside another sweep; a run beside a run or a vLLM result")
@@ -73,10 +85,54 @@ def side_by_side(a: str, b: str, out: str | None) -> int:
         raise UserError(f"compare: {a} and {b} have no figure in common")
     _print_table(table)
     if out_dir:
-        write_csv(out_dir / "compare.csv", table)
-        print(f"table: {out_dir / 'compare.csv'}")
-        print(f"figure: {plot_figures(table, names, out_dir / 'compare.png')}")
+        with report.recorded_warnings() as printed:
+            write_csv(out_dir / "compare.csv", table)
+            print(f"table: {out_dir / 'compare.csv'}")
+            figure = plot_figures(table, names, out_dir / "compare.png")
+            print(f"figure: {figure}")
+            _side_by_side_report(out_dir, (a, b), ((ka, da), (kb, db)), names,
+                                 "every figure both have, with B / A - 1", table, figure, printed)
     return 0
+
+
+def _side_by_side_report(out_dir: Path, paths: tuple[str, str], inputs: tuple[tuple[str, Any], tuple[str, Any]],
+                         names: tuple[str, str], heading: str, table: pd.DataFrame, figure: str,
+                         printed: list[str]) -> None:
+    """``report.html`` of ``compare A B --out DIR``: the table and figure; each input's kind, its config (a run's
+    ``config.json``) and profile; the warnings each input's summary records (saturation, ignored requests)."""
+    from simulator.studies import report
+
+    warned, config, profiles = [], {}, []
+    for path, name, (kind, data) in zip(paths, names, inputs):
+        config[name] = f"{path} ({KINDS[kind]})"
+        if kind == "sweep":
+            warned += report.sweep_warnings(data, f"{name}: ")
+            for profile in dict.fromkeys(data["profile"]) if "profile" in data else ():
+                profiles.append(report.profile_info(profile, f"{name}: profile"))
+        elif kind == "run":
+            saved = _run_config(Path(path))
+            if saved:
+                config[f"{name}: config.json"] = saved
+            warned += [m for m in (report.saturation_message(data, f"{name}: "),
+                                   report.ignored_message(data, saved.get("block_size", "?"), f"{name}: ")) if m]
+            if data.get("profile"):
+                profiles.append(report.profile_info(data["profile"], f"{name}: profile"))
+    report.write_report(out_dir / report.REPORT_NAME, f"compare: {names[0]} against {names[1]}",
+                        [(heading, table), ("Figure", Path(figure))], warned + printed, config, profiles)
+    print(f"report: {out_dir / report.REPORT_NAME}")
+
+
+#: What each kind of compare input is, in a report.
+KINDS = {"run": "a simulate folder", "sweep": "a sweep folder", "vllm": "a vllm bench serve result"}
+
+
+def _run_config(folder: Path) -> dict[str, Any]:
+    """A simulate folder's ``config.json`` (empty when missing or unreadable: the report says less)."""
+    try:
+        data = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _print_table(table: pd.DataFrame) -> None:
@@ -95,14 +151,16 @@ def _sweeps_table(a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str]) -> p
 
 
 def plot_sweeps(a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str], path: Path) -> str:
-    from simulator.studies.plots import finish_axis, plt, policy_color, save_figure
+    """Mean latency against rate of two sweeps, each policy in its colour and marker
+    (:func:`simulator.studies.plots.policy_style`), A solid and B dashed."""
+    from simulator.studies.plots import finish_axis, plt, policy_style, save_figure
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for frame, name, style in ((a, names[0], "-"), (b, names[1], "--")):
         data = frame.groupby(["policy", "rate"])["mean_latency"].mean().reset_index()
         for policy, group in data.groupby("policy", sort=False):
-            ax.plot(group["rate"], group["mean_latency"], style, marker="o", ms=3, color=policy_color(policy),
-                    label=f"{policy} ({name})")
+            ax.plot(group["rate"], group["mean_latency"], ls=style, ms=4, label=f"{policy} ({name})",
+                    **policy_style(policy))
     finish_axis(ax, "request rate (req/s)", "mean latency (s)", log_y=True)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(f"{names[0]} (solid) against {names[1]} (dashed)")
@@ -110,13 +168,16 @@ def plot_sweeps(a: pd.DataFrame, b: pd.DataFrame, names: tuple[str, str], path: 
 
 
 def plot_figures(table: pd.DataFrame, names: tuple[str, str], path: Path) -> str:
+    """Median and p99 per metric of two results, side by side: two runs, not two policies, so in greys (B hatched),
+    never in a colour that means a policy elsewhere; plain-number ticks on the log axis."""
     from simulator.studies.plots import finish_axis, plt, save_figure
 
     rows = table[table["figure"].str.match(r"(median|p99)_(ttft|tpot|itl|e2el)_ms")]
     fig, ax = plt.subplots(figsize=(8, 4.2))
     x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], rows[names[0]], width=0.4, label=names[0], color="tab:blue")
-    ax.bar([i + 0.2 for i in x], rows[names[1]], width=0.4, label=names[1], color="tab:orange")
+    ax.bar([i - 0.2 for i in x], rows[names[0]], width=0.4, label=names[0], color="0.35", edgecolor="0.2")
+    ax.bar([i + 0.2 for i in x], rows[names[1]], width=0.4, label=names[1], color="0.8", edgecolor="0.2",
+           hatch="//")
     ax.set_xticks(list(x), [f.removesuffix("_ms") for f in rows["figure"]], rotation=30, ha="right")
     finish_axis(ax, "", "milliseconds", log_y=True)
     ax.legend(fontsize=8)
@@ -131,9 +192,12 @@ def replay(source: Path, base: Any, out: str) -> int:
     from simulator.core.runner import run_simulation, write_result
     from simulator.results import prepare_out_dir, write_csv
 
+    from simulator.studies import report
+
     data = vllm_io.read_vllm_result(source, replay=True)
     out_dir, lock = prepare_out_dir(out)
-    with lock:
+    with lock, report.recorded_warnings() as printed:
+        report.remove_report(out_dir)
         trace = vllm_io.replay_trace(data, base.seed)
         trace_path = Path(out_dir) / "replayed_workload.csv"
         write_csv(trace_path, trace)
@@ -148,13 +212,23 @@ def replay(source: Path, base: Any, out: str) -> int:
         table = vllm_io.side_by_side(vllm_io.vllm_figures(data), simulated, names)
         write_csv(Path(out_dir) / "compare.csv", table)
         figure = plot_figures(table, names, Path(out_dir) / "compare.png") if len(table) else None
-    print(f"replayed {len(trace)} requests of {source} ({vllm_io.describe_replay(data, trace)}) with policy "
-          f"{config.policy}, profile {result.summary['profile_method']}")
+        replayed = (f"replayed {len(trace)} requests of {source} ({vllm_io.describe_replay(data, trace)}) with policy "
+                    f"{config.policy}, profile {result.summary['profile_method']}")
+        warned = [m for m in (report.saturation_message(result.summary, "the simulation is "),
+                              report.ignored_message(result.summary, config.block_size, "the simulation: ")) if m]
+        report.write_report(Path(out_dir) / report.REPORT_NAME, f"compare: {source.name} replayed in the simulator",
+                            [("Replay", replayed), ("Simulated against measured, per metric (compare.csv)", table),
+                             ("Figure", [Path(figure)] if figure else "no figure in common")],
+                            warned + printed, {"vLLM result": str(source), **config.to_dict()},
+                            [report.profile_info(config.profile)])
+    print(replayed)
     _print_table(table)
-    warn_saturated(result.summary, "the simulation is ")
+    for message in warned:
+        print(f"warning: {message}", file=sys.stderr)
     print(f"table: {Path(out_dir) / 'compare.csv'}")
     if figure:
         print(f"figure: {figure}")
+    print(f"report: {Path(out_dir) / report.REPORT_NAME}")
     return 0
 
 
@@ -189,7 +263,8 @@ def read_result_csv(path: Path, required: dict[str, str]) -> Any:
 
 def warn_saturated(s: dict[str, Any], label: str = "") -> None:
     """One clear line on stderr when the served rate falls short of the offered rate."""
-    if s.get("saturated"):
-        print(f"warning: {label}saturated: {s['offered_rate']:.2f} req/s offered, {s['served_rate']:.2f} req/s served "
-              "(completions/s) and the queue grew through the run: the engine cannot keep up, latency figures grow "
-              "with the run's length; lower --rate or add capacity", file=sys.stderr)
+    from simulator.studies.report import saturation_message
+
+    message = saturation_message(s, label)
+    if message:
+        print(f"warning: {message}", file=sys.stderr)

@@ -14,7 +14,8 @@ a sequence (:mod:`simulator.costs.profile_table`), and the engine people deploy:
 3. ``vLLM-calibrated``: the roofline with the efficiencies and overheads that ``run_sim.py calibrate`` fitted to
    vLLM's own benchmark results of Llama-3-8B on an H100 (``profiles/data/vllm_lambda/``), moved to this pair and
    GPU by their datasheet and architecture (``profiles/data/h200-vllm__llama-2-7b__llama-68m.csv``; a transfer,
-   not a fit, and vLLM's per-pass overhead makes each draft pass cost about as much as its host work).
+   not a fit; vLLM's per-pass host overhead, fitted on its target passes, is assumed for the draft's too, which
+   makes a 68M draft pass cost about half a 7B target pass at small batch).
 
 Each panel sweeps Poisson arrivals with ShareGPT-like lengths (lognormal, medians 512 prompt and 415 output
 tokens), acceptance 0.7, at fractions of no-spec's saturation rate (measured first by one burst run on that
@@ -110,30 +111,53 @@ def envelope(table: pd.DataFrame, static: list[str] = STATIC_POLICIES) -> pd.Dat
     return out
 
 
-def plot_panels(panels: list[tuple[str, str, float, pd.DataFrame]], path: str | Path) -> str:
+#: The demo's figure title: true of its panels (one engine each, acceptance 0.7); other panels want their own.
+DEMO_TITLE = "Where speculation stops paying: Llama-2-7B + 68M draft, H200, acceptance 0.7"
+#: Panels per row of :func:`plot_panels` at most, and the figure's width (inches) at most: a grid a page holds.
+MAX_COLUMNS, MAX_WIDTH = 3, 15.0
+
+
+def panel_grid(n: int) -> tuple[int, int]:
+    """(rows, columns) of ``n`` panels: one row up to :data:`MAX_COLUMNS`, else rows of :data:`MAX_COLUMNS` (four
+    panels: two by two)."""
+    columns = n if n <= MAX_COLUMNS else 2 if n == 4 else MAX_COLUMNS
+    return -(-n // columns), columns
+
+
+def plot_panels(panels: list[tuple[str, str, float, pd.DataFrame]], path: str | Path, title: str = DEMO_TITLE) -> str:
     """Mean latency versus rate (as a fraction of no-spec's saturation), one panel per (title, subtitle,
-    saturation, :func:`mean_table`), the best-static envelope dashed."""
-    import matplotlib
+    saturation, :func:`mean_table`), the best-static envelope drawn broad and grey; panels in a grid of at most
+    :data:`MAX_COLUMNS` columns (:func:`panel_grid`), one legend under them, ``title`` above: say what the panels
+    show (the default is the demo's). Each policy in its colour and marker
+    (:func:`simulator.studies.plots.policy_styles`), plain-number ticks on the log latency axis."""
+    from simulator.studies.plots import ENVELOPE_STYLE, plain_log_ticks, plt, policy_styles, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from simulator.studies.plots import save_figure
-
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
-    for ax, (title, subtitle, saturation, table) in zip(axes[0], panels):
+    if not panels:
+        raise ValueError("plot_panels: no panels")
+    rows, columns = panel_grid(len(panels))
+    width = min(MAX_WIDTH, 5.0 * columns + 0.5)
+    fig, axes = plt.subplots(rows, columns, figsize=(width, 3.9 * rows + 0.9), squeeze=False, layout="constrained")
+    styles = policy_styles(list(dict.fromkeys(p for *_, table in panels for p in table.columns)))
+    for ax, (name, subtitle, saturation, table) in zip(axes.flat, panels):
         x = table.index.to_numpy(float) / saturation
         for policy in table.columns:
-            style = dict(lw=2.2, color="k") if policy.startswith("goodput") else dict(lw=1.2)
-            ax.plot(x, table[policy], marker="o", ms=3, label=policy, **style)
+            lw = 2.2 if policy.split(":")[0] not in ("no-spec", "fixed-k") else 1.2
+            ax.plot(x, table[policy], ms=4, lw=lw, label=policy, **styles[policy])
         best = table[[p for p in STATIC_POLICIES if p in table.columns]].min(axis=1)
-        ax.plot(x, best, ls="--", color="0.5", lw=3, alpha=0.6, label="best static (envelope)")
-        ax.set(yscale="log", xlabel=f"request rate / no-spec saturation ({saturation:.3g} req/s)",
-               ylabel="mean latency (s)")
-        ax.set_title(f"{title}\n{subtitle}", fontsize=9)
+        ax.plot(x, best, label="best static (envelope)", **ENVELOPE_STYLE)
+        ax.set_xlabel(f"request rate / no-spec saturation ({saturation:.3g} req/s)")
+        ax.set_ylabel("mean latency (s)")
+        plain_log_ticks(ax, "y")
+        ax.set_title(f"{name}\n{subtitle}" if subtitle else name, fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
-    fig.suptitle("Where speculation stops paying: Llama-2-7B + 68M draft, H200, acceptance 0.7", y=1.04)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.remove()
+    legend = {}
+    for ax in axes.flat[:len(panels)]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), loc="outside lower center", ncol=min(len(legend), 8), fontsize=8)
+    fig.suptitle(title)
     return save_figure(fig, path)
 
 
@@ -189,8 +213,8 @@ def run_demo(out: str, workers: int, quiet: bool) -> int:
           "reads the cache once per sequence, so the extra tokens cost little more than their weight-bound matmul "
           "rows. The batch-expansion panel is an analytical (roofline) model: no engine measured here verifies "
           "that way. The vLLM-calibrated panel prices vLLM's own step costs (fitted to its public benchmark results, "
-          "moved to this GPU and pair): its per-pass host overhead makes a draft pass cost about what a target "
-          "pass does at small batch, so at light load a long proposal loses to no speculation, while at high load, "
+          "moved to this GPU and pair): its per-pass host overhead makes a 68M draft pass cost about half a "
+          "7B target pass at small batch, so at light load a long proposal loses to no speculation, while at high load, "
           "where that overhead is shared by the batch, speculation still raises capacity: SmartSpec's finding "
           "turned around.")
     return 0

@@ -10,7 +10,9 @@ cells, and says how many it reused; a runs file that is empty, corrupt or of ano
 ``DIR/summary.csv`` (one row per cell, tidy) is rebuilt from those files and written atomically when the grid is
 done; a sweep that has cells left to run deletes an older ``summary.csv`` before it starts, so the file exists only
 when it describes a finished grid. The folder is locked while a sweep writes into it (a second sweep into it is
-refused), and temporary files a killed sweep left are removed.
+refused), and temporary files a killed sweep left are removed. The Python warnings a run prints (a cost model asked
+far beyond its grid, a user policy's own) are recorded in its row (:func:`run_cell`; not in ``summary.csv``) and said
+once by :func:`sweep_and_plot`, each with the runs it came from, whatever process ran them (:func:`cell_warnings`).
 
 Columns: the labels (``policy`` as given, ``rate``, ``seed``, then one column per ``--grid`` axis named after its
 field), then the summary figures. A grid axis whose field shares its name with a summary figure (``acceptance_rate``,
@@ -26,14 +28,16 @@ its figures.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import itertools
 import json
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pandas as pd
 
@@ -133,13 +137,60 @@ def run_cell(cell: Cell) -> dict[str, Any]:
     """Run one cell and return its summary row (labels first, then the summary figures)."""
     from simulator.core.runner import run_simulation
 
-    summary = run_simulation(cell.config).summary
+    with recorded_warnings(show=False) as caught:  # sweep_and_plot says them once, with the runs they came from
+        summary = run_simulation(cell.config).summary
     row = dict(cell.labels)
     row.update({k: v for k, v in summary.items() if k not in row and k not in ("policy", "ignored_request_ids")})
     row["policy_name"] = cell.config.policy
     row["config_hash"] = config_hash(cell.config)
     row["cell_key"] = cell.key
+    row["warnings"] = caught
     return row
+
+
+@contextlib.contextmanager
+def recorded_warnings(show: bool = True) -> Iterator[list[str]]:
+    """Record the Python warnings raised inside the block, each distinct message once, in order (every one, however
+    often the same code warned before in this process: the same run records the same list); ``show``: print each
+    on stderr as Python does, the first time."""
+    seen: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        original = warnings.showwarning
+
+        def record(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - warnings' hook
+            text = str(message)
+            if text in seen:
+                return
+            seen.append(text)
+            if show:
+                original(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = record
+        yield seen
+
+
+def cell_messages(summary: pd.DataFrame) -> list[list[str]]:
+    """Per row of a sweep's summary, the Python warnings its run printed (:func:`run_cell`; kept in
+    ``summary.attrs['warnings']`` by :func:`run_sweep`, not in ``summary.csv``); none for a frame cut from it."""
+    rows = summary.attrs.get("warnings") or []
+    return rows if len(rows) == len(summary) else [[] for _ in range(len(summary))]
+
+
+def describe_cells(frame: pd.DataFrame) -> str:
+    """The cells of ``frame`` as ``POLICY at RATE req/s``, sorted, at most eight named."""
+    shown = sorted({f"{p} at {r:g} req/s" for p, r in zip(frame["policy"], frame["rate"])})
+    return ", ".join(shown[:8]) + (", ..." if len(shown) > 8 else "")
+
+
+def cell_warnings(summary: pd.DataFrame, label: str = "") -> list[str]:
+    """Each distinct Python warning the sweep's runs printed, once, with how many runs and which gave it."""
+    messages: dict[str, list[int]] = {}
+    for i, row in enumerate(cell_messages(summary)):
+        for message in row:
+            messages.setdefault(message, []).append(i)
+    return [f"{label}{message} (in {len(rows)} of {len(summary)} runs: {describe_cells(summary.iloc[rows])})"
+            for message, rows in messages.items()]
 
 
 def read_done(path: Path, cell: Cell) -> dict[str, Any] | None:
@@ -190,8 +241,9 @@ def run_sweep(cells: list[Cell], out_dir: str | Path, executor: Executor,
         finished += 1
         if progress:
             progress(finished, len(cells))
-    frame = pd.DataFrame([rows[cell.key] for cell in cells])
+    frame = pd.DataFrame([{k: v for k, v in rows[cell.key].items() if k != "warnings"} for cell in cells])
     write_csv(out / "summary.csv", frame)
+    frame.attrs["warnings"] = [list(rows[cell.key].get("warnings") or []) for cell in cells]
     return frame
 
 
@@ -224,9 +276,12 @@ def progress_bar(quiet: bool) -> Callable[[int, int], None] | None:
 
 def sweep_and_plot(base: SimConfig, policies: list[str], rates: list[float], seeds: list[int],
                    grid: dict[str, list[Any]], out_dir: str | Path, workers: int, cluster: str | None = None,
-                   cluster_flag: str = "--cluster", quiet: bool = False) -> tuple[pd.DataFrame, list[str]]:
+                   cluster_flag: str = "--cluster", quiet: bool = False,
+                   finish: Callable[[pd.DataFrame, list[str]], None] | None = None) -> tuple[pd.DataFrame, list[str]]:
     """Run the sweep grid into ``out_dir`` (on ``workers`` local processes, or the Dask scheduler at ``cluster``,
-    which ``cluster_flag`` named) and draw its figures; return (summary, figure paths)."""
+    which ``cluster_flag`` named) and draw its figures; return (summary, figure paths). ``finish(summary,
+    figures)`` runs last, the folder still locked (the command's own tables and its ``report.html``); an older
+    ``report.html`` is removed first, so a killed sweep leaves none."""
     from simulator.results import prepare_out_dir
 
     for rate in rates:
@@ -238,9 +293,14 @@ def sweep_and_plot(base: SimConfig, policies: list[str], rates: list[float], see
     check_policies(cells)
     out, lock = prepare_out_dir(out_dir)
     with lock:
+        (out / "report.html").unlink(missing_ok=True)  # an older run's (simulator.studies.report.remove_report)
         with make_executor(workers, cluster, cluster_flag) as executor:
             summary = run_sweep(cells, out, executor, progress_bar(quiet))
+        for message in cell_warnings(summary):  # the runs recorded them quietly: said here once, with their cells
+            print(f"warning: {message}", file=sys.stderr)
         figures = _figures(base, policies, rates, seeds, summary, out, [axis_column(a) for a in grid])
+        if finish is not None:
+            finish(summary, figures)
     return summary, figures
 
 

@@ -75,19 +75,26 @@ def plot_tradeoff(table: pd.DataFrame, slo: Slo, path: str | Path, summary: pd.D
                   rates: list[float] | None = None) -> str:
     """The trade-off (sustainable rate against the metric at the lightest load, one point per setting, the SLO bound
     as a line) and, given the sweep's ``summary``, the metric against rate per setting with the SLO line. A title
-    says when every setting meets the SLO at every rate tried (raise the rates) or none meets it anywhere."""
-    from simulator.studies.plots import finish_axis, plt, policy_color, save_figure
+    says when every setting meets the SLO at every rate tried (raise the rates) or none meets it anywhere. Each
+    setting in its policy's colour and marker (:func:`simulator.studies.plots.policy_style`), the best ringed."""
+    from simulator.studies.plots import finish_axis, plt, policy_style, save_figure, style_key
 
     panels = 2 if summary is not None else 1
     fig, axes = plt.subplots(1, panels, figsize=(7 * panels, 4.5), squeeze=False)
     ax = axes[0][-1]
     unit = slo.unit
-    x, y = table["sustainable_rate"], table[f"{slo.metric}_at_lightest"]
-    ax.scatter(x, y, s=18, color="tab:blue", label="a parameter setting")
+    keys = table["policy"].astype(str).map(style_key)
+    labelled = set()
+    for spec, key, x, y in zip(table["policy"].astype(str), keys, table["sustainable_rate"],
+                               table[f"{slo.metric}_at_lightest"]):
+        n = int((keys == key).sum())
+        ax.scatter([x], [y], s=30, label=None if key in labelled else f"{key} ({n} setting{'s' * (n > 1)})",
+                   **policy_style(spec))
+        labelled.add(key)
     best = table.iloc[0]
-    ax.scatter([best["sustainable_rate"]], [best[f"{slo.metric}_at_lightest"]], s=80, facecolors="none",
-               edgecolors="red", label=f"best: {best['policy']}")
-    ax.axhline(slo.bound, color="red", lw=1, ls="--", label=f"SLO bound {slo.bound:g} {unit}")
+    ax.scatter([best["sustainable_rate"]], [best[f"{slo.metric}_at_lightest"]], s=160, facecolors="none",
+               edgecolors="k", linewidths=1.5, label=f"best: {best['policy']}")
+    ax.axhline(slo.bound, color="0.25", lw=1, ls="--", label=f"SLO bound {slo.bound:g} {unit}")
     finish_axis(ax, "sustainable rate under the SLO (req/s)", f"{slo.metric} at the lightest load ({unit})")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Tuning trade-off: one point per parameter setting")
@@ -95,9 +102,10 @@ def plot_tradeoff(table: pd.DataFrame, slo: Slo, path: str | Path, summary: pd.D
         left = axes[0][0]
         by = summary.groupby(["policy", "rate"])[slo.metric].mean().reset_index()
         for spec, group in by.groupby("policy", sort=False):
-            left.plot(group["rate"], group[slo.metric], marker="o", ms=3, lw=1, color=policy_color(spec),
-                      alpha=1.0 if spec == best["policy"] else 0.35, label=spec if spec == best["policy"] else None)
-        left.axhline(slo.bound, color="red", lw=1, ls="--", label=f"SLO: {slo}")
+            chosen = spec == best["policy"]
+            left.plot(group["rate"], group[slo.metric], ms=4, lw=2 if chosen else 1, alpha=1.0 if chosen else 0.35,
+                      label=spec if chosen else f"_{spec}", **policy_style(spec))  # "_": named, not in the legend
+        left.axhline(slo.bound, color="0.25", lw=1, ls="--", label=f"SLO: {slo}")
         finish_axis(left, "request rate (req/s)", f"{slo.metric} ({unit})")
         left.legend(fontsize=8)
         left.set_title("each setting against rate (best highlighted)")
