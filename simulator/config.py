@@ -32,6 +32,8 @@ ACCEPTANCE_MODELS = ("constant", "beta", "position", "replay")
 FITTERS = ("linear", "interp")
 #: vLLM's ``--goodput`` metrics.
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+#: Router policies of a fleet (the registry is :data:`simulator.fleet.routers.ROUTERS`, checked against this on import).
+ROUTER_NAMES = ("round-robin", "least-outstanding", "power-of-two", "session", "prefix-aware")
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,15 @@ class SimConfig:
     """The client's ``--max-concurrency`` (``vllm bench serve``): at most this many requests in flight (> 0); a
     request is sent at its arrival time or, when that many are in flight, as soon as one finishes (a closed loop),
     and its latency counts from sending, as vLLM's client measures it. ``None``: no limit (an open loop)."""
+
+    replicas: int = 1
+    """Identical engine replicas behind a router (> 0; :mod:`simulator.fleet`), each with its own scheduler, KV cache
+    and policy; 1: one engine, today's results bit for bit. The run folder gains ``replicas.csv`` (per replica) and
+    the summary ``replicas`` and ``load_balance_*``."""
+    router: str = "round-robin"
+    """Router of a fleet (``replicas`` > 1): ``round-robin``, ``least-outstanding`` (fewest requests routed and not
+    finished), ``power-of-two`` (the less loaded of two drawn at random), ``session`` (sticky by prompt id) or
+    ``prefix-aware`` (longest cached prefix, balanced against load; needs ``enable_prefix_caching``)."""
 
     # --- speculation ----------------------------------------------------------------------------
     policy: str = "no-spec"
@@ -251,6 +262,13 @@ class SimConfig:
                 f"config: cuda_graph_sizes must be increasing without repeats, got {list(self.cuda_graph_sizes)}")
         if self.max_concurrency is not None:
             _positive("max_concurrency", self.max_concurrency)
+        _positive("replicas", self.replicas)
+        _choice("router", self.router, ROUTER_NAMES)
+        if self.replicas > 1:
+            require(self.max_concurrency is None,
+                    "config: replicas > 1 with max_concurrency is not modelled (the client's closed loop feeds one engine)")
+            require(self.router != "prefix-aware" or self.enable_prefix_caching,
+                    "config: router=prefix-aware needs enable_prefix_caching (--enable-prefix-caching)")
         if self.num_gpu_blocks is not None:
             _positive("num_gpu_blocks", self.num_gpu_blocks)
         if self.gpu_memory_gb is not None:

@@ -216,3 +216,14 @@ def test_the_simulator_and_the_policies_never_import_torch_or_transformers():
             if name.split(".")[0] in ("torch", "transformers"):
                 offending.append(f"{path.relative_to(REPO)}:{line} imports {name}")
     assert not offending, "\n".join(offending)
+
+
+def test_the_fleet_sits_beside_the_engine_room_never_inside_it():
+    """simulator/fleet (replicas, routers) imports the engine room, simulator/core; the engine room never imports the
+    fleet (the studies run a config through :func:`simulator.fleet.run`, one engine or a fleet)."""
+    graph = import_graph()
+    assert any(target.startswith("simulator.core") for module, edges in graph.items()
+               if module.startswith("simulator.fleet") for target in edges)
+    wrong = [f"{module} -> {target}" for module, edges in graph.items() if module.startswith("simulator.core")
+             for target in edges if target.startswith("simulator.fleet")]
+    assert not wrong, "the engine room imports the fleet:\n" + "\n".join(wrong)

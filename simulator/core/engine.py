@@ -215,8 +215,13 @@ class SimulatedEngine(DecodeRuns):
         self.unfit = set(ids.tolist())
         self.rec.ignore(ids)
 
-    def start(self) -> None:
-        self.env.process(self._arrivals())
+    def start(self, own_arrivals: bool = True) -> None:
+        """Start the engine's processes. ``own_arrivals`` False is the fleet hook (:mod:`simulator.fleet`): no arrival
+        process of its own; requests come through :meth:`receive`, and whoever feeds them keeps :attr:`arrived` the
+        count of the *whole workload's* requests that have arrived (anywhere), which bounds the runs of steps
+        (:mod:`simulator.core.runs`) at the next arrival of the workload and ends :meth:`_serve` after the last."""
+        if own_arrivals:
+            self.env.process(self._arrivals())
         if self.frontend > 0:
             self.env.process(self._frontend())
         self.env.process(self._serve())
@@ -244,6 +249,13 @@ class SimulatedEngine(DecodeRuns):
                     self._frontend_wake.succeed()
             else:
                 self._enqueue([rid])
+
+    def receive(self, rid: int) -> None:
+        """The fleet hook (:meth:`start` with ``own_arrivals`` False): request ``rid`` reaches the waiting queue now,
+        handed over by a router; :attr:`arrived` is the feeder's to keep."""
+        self.waiting.append(rid)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
 
     def _enqueue(self, rids: list[int]) -> None:
         """Requests reach the engine's waiting queue."""

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 #: Block index bits of a block key: key = prompt_id << BLOCK_BITS | block index (a prompt holds < 2**32 blocks: token
 #: counts are at most a billion).
@@ -82,6 +82,11 @@ class CacheStats:
     def hit_rate(self) -> float:
         """Hit tokens / queried tokens, the figure vLLM logs as its prefix cache hit rate (0 before any query)."""
         return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    @classmethod
+    def total(cls, stats: "list[CacheStats]") -> "CacheStats":
+        """The counts of several caches added up (a fleet's replicas)."""
+        return cls(*(sum(getattr(s, f.name) for s in stats) for f in fields(cls)))
 
     def as_dict(self) -> dict[str, float]:
         """The counts and the hit rate, named for a summary (``prefix_cache_*``)."""

@@ -2,7 +2,8 @@
 
 Random streams: one ``numpy.random.SeedSequence(config.seed)`` spawns, in this fixed order, the
 generators for arrivals, lengths, acceptance and the n-gram lookup, so adding a stream never shifts
-the others and the same config gives the same results bit for bit.
+the others and the same config gives the same results bit for bit. A fleet's router (``replicas > 1``) draws from a
+fifth child (:func:`simulator.fleet.fleet.router_stream`), which leaves these four unchanged.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 import simpy
 
 from policies import protocol
+from policies.base import Policy
 from policies.registry import load_policy_file, make_policy
 from simulator.inputs.acceptance import make_acceptance
 from simulator.config import SimConfig, config_hash
@@ -27,6 +29,7 @@ from simulator.core.engine import EngineSpec, SimulatedEngine
 from policies.errors import UserError
 from simulator.core.memory import num_gpu_blocks
 from simulator.costs.cuda_graphs import with_cuda_graphs
+from simulator.core.prefix_cache import CacheStats
 from simulator.core.user_policy import Watch, guarded
 from simulator.metrics import SUMMARY_KEYS, Recorder, summarize  # noqa: F401 - SUMMARY_KEYS re-exported
 from simulator.results import atomic_write, write_csv, write_json
@@ -44,6 +47,17 @@ class SimResult:
     config: SimConfig
     summary: dict[str, Any]
     recorder: Recorder
+    replica_rows: tuple[dict[str, Any], ...] = ()
+    """A fleet's per-replica figures (:func:`simulator.fleet.fleet.replica_rows`); empty for one engine."""
+
+    @functools.cached_property
+    def replicas(self) -> pd.DataFrame | None:
+        """One row per replica of a fleet (``config.replicas`` > 1), ``None`` for one engine."""
+        if not self.replica_rows:
+            return None
+        import pandas as pd
+
+        return pd.DataFrame(list(self.replica_rows))
 
     @functools.cached_property
     def requests(self) -> pd.DataFrame:
@@ -109,14 +123,44 @@ def random_streams(seed: int) -> list[np.random.Generator]:
     return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)]
 
 
-def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_step: bool = False,
-                   cost: CostModel | None = None) -> SimResult:
-    """Run one simulation. ``workload`` overrides the one the config describes (e.g. the real engine's).
-    ``step_by_step``: one SimPy event per decode step, no runs of steps (:mod:`simulator.core.runs`): a run draws
-    its steps' acceptances before it knows where it ends, so the acceptance stream is consumed as a real engine
-    consumes it only step by step (validate's common random numbers need that; the results are equally valid).
-    ``cost``: price the steps with this model instead of ``config.profile``'s (the policy too, unless
-    ``config.policy_profile`` is set; validate's timing-noise floor, :mod:`profiles.validation.noise_floor`)."""
+@dataclass
+class RunSetup:
+    """What one run needs before its engines exist, shared by one engine (:func:`run_simulation`) and a fleet
+    (:func:`simulator.fleet.fleet.run_fleet`): the workload, the cost models (CUDA-graph padded as configured), the
+    engine's limits, the random streams of acceptance and the n-gram lookup, and a user policy file's guard."""
+
+    workload: Workload
+    cost: CostModel
+    policy_cost: CostModel
+    spec: EngineSpec
+    acceptance_rng: np.random.Generator
+    ngram_rng: np.random.Generator
+    watch: Watch | None
+    """The guard of ``config.policy_file`` (None without one): its calls are timed and its errors one line."""
+    user_names: tuple[str, ...]
+    """The policies ``config.policy_file`` registered."""
+    wall: float
+    """``time.perf_counter()`` when the run began."""
+
+    def make_policy(self, config: SimConfig) -> Policy:
+        """A fresh policy object of ``config`` (guarded when a user file defines it)."""
+        if self.watch is not None and config.policy in self.user_names:
+            with self.watch.armed():
+                return guarded(config.policy_file, lambda: make_policy(config.policy, config.k,
+                                                                       dict(config.policy_params)), self.watch)
+        return make_policy(config.policy, config.k, dict(config.policy_params))
+
+    def run(self, env: simpy.Environment) -> None:
+        """Run ``env`` to its end, with a user policy's calls guarded."""
+        if self.watch is not None:
+            with self.watch.armed():
+                env.run()
+        else:
+            env.run()
+
+
+def setup_run(config: SimConfig, workload: Workload | None, step_by_step: bool, cost: CostModel | None) -> RunSetup:
+    """The :class:`RunSetup` of ``config`` (:func:`run_simulation`'s arguments), its inputs checked."""
     wall = time.perf_counter()
     arrival_rng, length_rng, acceptance_rng, ngram_rng = random_streams(config.seed)
     if workload is None:
@@ -132,23 +176,16 @@ def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_
     check_costs(config, cost, "--profile", speculative)
     if config.policy_profile is not None:
         check_costs(config, policy_cost, "--policy-profile", speculative)
-    watch = None
+    watch, user_names = None, ()
     if config.policy_file is not None:
         watch = Watch(config.policy_file)
         with watch.armed():
-            user_names = watch.call("importing it", load_policy_file, config.policy_file)
-    if watch is not None and config.policy in user_names:
-        with watch.armed():
-            policy = guarded(config.policy_file, lambda: make_policy(config.policy, config.k,
-                                                                     dict(config.policy_params)), watch)
-    else:
-        policy = make_policy(config.policy, config.k, dict(config.policy_params))
-    blocks = num_gpu_blocks(config, cost, speculative)
+            user_names = tuple(watch.call("importing it", load_policy_file, config.policy_file))
     spec = EngineSpec(
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
         block_size=config.block_size,
-        num_gpu_blocks=blocks,
+        num_gpu_blocks=num_gpu_blocks(config, cost, speculative),
         chunked_prefill=config.scheduler == "chunked-prefill",
         max_k=config.k,
         draft_proposer=config.proposer == "draft",
@@ -160,35 +197,56 @@ def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_
         prefix_caching=config.enable_prefix_caching,
         **({"run_steps": 1} if step_by_step else {}),
     )
-    recorder = Recorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens, config.save_steps)
-    env = simpy.Environment()
-    engine = SimulatedEngine(env, spec, workload, cost, policy, policy_cost, make_acceptance(config, acceptance_rng),
-                           ngram_rng, recorder)
-    engine.start()
-    if watch is not None:
-        with watch.armed():
-            env.run()
-    else:
-        env.run()
+    return RunSetup(workload, cost, policy_cost, spec, acceptance_rng, ngram_rng, watch, user_names, wall)
+
+
+def run_summary(config: SimConfig, setup: RunSetup, recorder: Recorder, columns: dict[str, np.ndarray],
+                caches: list) -> dict[str, Any]:
+    """The summary of a finished run: :func:`summarize` of its ``columns`` and the run's own keys
+    (:data:`SUMMARY_KEYS`), with the prefix caches' statistics summed (``caches``: the engines' caches)."""
     ignored = np.flatnonzero(recorder.ignored)
-    if recorder.finished + ignored.size != len(workload):
-        raise RuntimeError(f"{len(workload) - recorder.finished - ignored.size} requests never finished")
-    summary = summarize(recorder.columns(), recorder.acceptance_length(), dict(config.goodput_slo))
+    if recorder.finished + ignored.size != len(setup.workload):
+        raise RuntimeError(f"{len(setup.workload) - recorder.finished - ignored.size} requests never finished")
+    summary = summarize(columns, recorder.acceptance_length(), dict(config.goodput_slo))
     summary.update({
         "ignored_requests": int(ignored.size),
         "ignored_request_ids": ignored.tolist(),
         "policy": config.policy,
         "k": config.k,
         "profile": config.profile,
-        "profile_method": profile_method(config.profile, cost.method),
-        "num_gpu_blocks": blocks,
+        "profile_method": profile_method(config.profile, setup.cost.method),
+        "num_gpu_blocks": setup.spec.num_gpu_blocks,
         "steps": recorder.num_steps,
-        "workload": workload.source,
+        "workload": setup.workload.source,
         "config_hash": config_hash(config),
-        "wall_seconds": time.perf_counter() - wall,
+        "wall_seconds": time.perf_counter() - setup.wall,
     })
-    if engine.cache is not None:
-        summary.update(engine.cache.stats.as_dict())
+    if caches:
+        summary.update(CacheStats.total([cache.stats for cache in caches]).as_dict())
+    return summary
+
+
+def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_step: bool = False,
+                   cost: CostModel | None = None) -> SimResult:
+    """Run one simulation of one engine (a fleet, ``config.replicas`` > 1, runs through :func:`simulator.fleet.run`).
+    ``workload`` overrides the one the config describes (e.g. the real engine's).
+    ``step_by_step``: one SimPy event per decode step, no runs of steps (:mod:`simulator.core.runs`): a run draws
+    its steps' acceptances before it knows where it ends, so the acceptance stream is consumed as a real engine
+    consumes it only step by step (validate's common random numbers need that; the results are equally valid).
+    ``cost``: price the steps with this model instead of ``config.profile``'s (the policy too, unless
+    ``config.policy_profile`` is set; validate's timing-noise floor, :mod:`profiles.validation.noise_floor`)."""
+    if config.replicas > 1:  # the engine room serves one engine; a fleet is the room beside it
+        raise UserError(f"config: replicas={config.replicas} is a fleet: run it through simulator.fleet.run "
+                        "(simulate, sweep, tune, compare and bench do)")
+    setup = setup_run(config, workload, step_by_step, cost)
+    workload = setup.workload
+    recorder = Recorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens, config.save_steps)
+    env = simpy.Environment()
+    engine = SimulatedEngine(env, setup.spec, workload, setup.cost, setup.make_policy(config), setup.policy_cost,
+                             make_acceptance(config, setup.acceptance_rng), setup.ngram_rng, recorder)
+    engine.start()
+    setup.run(env)
+    summary = run_summary(config, setup, recorder, recorder.columns(), [engine.cache] if engine.cache else [])
     return SimResult(config, summary, recorder)
 
 
@@ -215,7 +273,7 @@ def _write_parquet(path: Path, frame: pd.DataFrame) -> None:
 
 #: The files one run writes; a new run into the folder removes them all first (summary.json first of all).
 RESULT_FILES = ("summary.json", "config.json", "requests.csv", "requests.parquet", "steps.csv", "steps.parquet",
-                "vllm_result.json", "timeline.json")
+                "vllm_result.json", "timeline.json", "replicas.csv")
 
 
 def clear_result(out: Path) -> None:
@@ -239,4 +297,6 @@ def write_result(result: SimResult, out_dir: str | Path, fmt: str = "auto") -> N
     write_table(out / f"requests.{kind}", result.requests)
     if result.steps is not None:
         write_table(out / f"steps.{kind}", result.steps)
+    if result.replicas is not None:
+        write_csv(out / "replicas.csv", result.replicas)
     write_json(out / "summary.json", result.summary)

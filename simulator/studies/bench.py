@@ -57,9 +57,9 @@ def _case_config(size: int, policy: str, profile: Path = BENCH_PROFILE) -> dict:
 def _child(config_json: str) -> None:
     """Run one simulation in this process and print its figures as JSON."""
     from simulator.config import SimConfig
-    from simulator.core.runner import run_simulation
+    from simulator.fleet import run as run_config
 
-    result = run_simulation(SimConfig.from_dict(json.loads(config_json)))
+    result = run_config(SimConfig.from_dict(json.loads(config_json)))
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"steps": result.summary["steps"], "sim_wall": result.summary["wall_seconds"],
                       "peak_mb": peak_mb, "mean_latency": result.summary["mean_latency"]}))

@@ -170,7 +170,8 @@ def _vllm_flags(args: argparse.Namespace, data: dict[str, Any]) -> None:
 
 # -- commands ------------------------------------------------------------------------------------
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from simulator.core.runner import run_simulation, table_format, write_result
+    from simulator.core.runner import table_format, write_result
+    from simulator.fleet import run as run_config
     from simulator.results import prepare_out_dir, write_json
 
     config = config_from_args(args)
@@ -179,7 +180,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     table_format(args.format)
     _, lock = prepare_out_dir(args.out)  # before simulating: a bad folder is found now, not after a long run
     with lock:
-        result = run_simulation(config)
+        result = run_config(config)
         write_result(result, args.out, args.format)
         extra = []
         if args.save_result:

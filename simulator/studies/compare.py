@@ -189,7 +189,8 @@ def replay(source: Path, base: Any, out: str) -> int:
     """Simulate the workload of vLLM result ``source`` under ``base`` (a config with the trace to be filled in) into
     ``out``, with the result's ``max_concurrency`` when it has one, and print simulated against measured (the
     simulated figures counted as vLLM counts them: :func:`vllm_io.vllm_style_figures`)."""
-    from simulator.core.runner import run_simulation, write_result
+    from simulator.core.runner import write_result
+    from simulator.fleet import run as run_config
     from simulator.results import prepare_out_dir, write_csv
 
     from simulator.studies import report
@@ -204,7 +205,7 @@ def replay(source: Path, base: Any, out: str) -> int:
         concurrency = data["max_concurrency"] if data["max_concurrency"] is not None else base.max_concurrency
         config = base.replace(arrival="trace", trace=str(trace_path), rate=None, trace_speedup=None,
                               max_concurrency=concurrency)
-        result = run_simulation(config)
+        result = run_config(config)
         write_result(result, out_dir, "csv")
         names = (f"measured ({source.name})", "simulated")
         simulated = vllm_io.vllm_style_figures(result.requests, trace["empty_output"], dict(config.goodput_slo),

@@ -135,10 +135,10 @@ def build_cells(base: SimConfig, rates: list[float], policies: list[str], seeds:
 
 def run_cell(cell: Cell) -> dict[str, Any]:
     """Run one cell and return its summary row (labels first, then the summary figures)."""
-    from simulator.core.runner import run_simulation
+    from simulator.fleet import run as run_config
 
     with recorded_warnings(show=False) as caught:  # sweep_and_plot says them once, with the runs they came from
-        summary = run_simulation(cell.config).summary
+        summary = run_config(cell.config).summary
     row = dict(cell.labels)
     row.update({k: v for k, v in summary.items() if k not in row and k not in ("policy", "ignored_request_ids")})
     row["policy_name"] = cell.config.policy
@@ -330,7 +330,7 @@ def check_policies(cells: list[Cell]) -> None:
 
 def _figures(base: SimConfig, policies: list[str], rates: list[float], seeds: list[int], summary: pd.DataFrame,
              out: Path, axes: list[str]) -> list[str]:
-    from simulator.core.runner import run_simulation
+    from simulator.fleet import run as run_config
     from simulator.studies import plots
 
     figures = [plots.plot_latency_vs_rate(summary, out / "latency_vs_rate.png", axes)]
@@ -344,7 +344,7 @@ def _figures(base: SimConfig, policies: list[str], rates: list[float], seeds: li
         name, k, params = parse_policy_spec(adaptive[0])
         config = base.replace(rate=rate, policy=name, seed=seeds[0], save_steps=True,
                               k=base.k if k is None else k, policy_params=base.policy_params + params)
-        steps = run_simulation(config).steps
+        steps = run_config(config).steps
         write_csv(out / "steps_adaptive.csv", steps.assign(policy=adaptive[0], rate=rate))
         figures.append(plots.plot_k_over_time(steps, out / "k_over_time.png", f"{adaptive[0]} at {rate:g} req/s"))
     return figures
