@@ -53,6 +53,7 @@ from profiles.grid import Grid, powers_of_two
 from simulator.config import SimConfig
 from simulator.costs.cost_model import CostModel, fit_cost_model
 from simulator.costs.profile_table import ProfileTable, write_profile
+from simulator.inputs.workload import Workload
 from simulator.studies import vllm_io
 
 #: The fitted parameters (module docstring), their defaults (the start of every fit) and units.
@@ -103,21 +104,31 @@ FIT_GRID = replace(CALIBRATION_GRID, query_lens=(1,))
 
 @dataclass(frozen=True)
 class Result:
-    """One vLLM result file, read and checked, with the workload it replays."""
+    """One vLLM result file, read and checked, with the workload it replays (made once: every loss evaluation
+    replays the same requests)."""
 
     path: str
     data: dict
     measured: dict[str, float]
+    workload: Workload
+    """Its successful requests (:func:`simulator.studies.vllm_io.replay_trace`), an empty output as 1 token."""
+    empty: np.ndarray
+    """Per request of :attr:`workload`: its stream carried no text (vLLM counts it with TTFT 0 and no tokens)."""
 
 
-def read_results(paths: Sequence[str]) -> list[Result]:
-    """The files, each read by :func:`simulator.studies.vllm_io.read_vllm_result` (per-request lists required)."""
+def read_results(paths: Sequence[str], seed: int = 0) -> list[Result]:
+    """The files, each read by :func:`simulator.studies.vllm_io.read_vllm_result` (per-request lists required), their
+    workloads replayed with ``seed`` (it draws the arrivals of a finite ``request_rate``)."""
     if not paths:
         raise UserError("calibrate: give one or more vllm bench serve --save-result JSON files")
     out = []
     for path in paths:
         data = vllm_io.read_vllm_result(path, replay=True)
-        out.append(Result(str(path), data, measured_figures(data)))
+        trace = vllm_io.replay_trace(data, seed)
+        workload = Workload(arrival_time=trace["arrival_time"].to_numpy(float),
+                            prompt_tokens=trace["prompt_tokens"].to_numpy(np.int64),
+                            output_tokens=trace["output_tokens"].to_numpy(np.int64), source=str(path))
+        out.append(Result(str(path), data, measured_figures(data), workload, trace["empty_output"].to_numpy(bool)))
     return out
 
 
@@ -128,8 +139,7 @@ def measured_figures(data: dict) -> dict[str, float]:
     out = {k: figures[k] for k in LOSS_FIGURES if k in figures}
     ttfts = data.get("ttfts")
     if ttfts:
-        ok = vllm_io.succeeded(data, len(ttfts))
-        ok = [True] * len(ttfts) if ok is None else ok
+        ok = vllm_io.succeeded(data, len(ttfts))  # known for a replayable file (read_vllm_result refuses the rest)
         seen = np.array([t for t, n, keep in zip(ttfts, data["output_lens"], ok) if n > 0 and keep], dtype=float)
         if seen.size:
             out["ttft_p90_ms"] = float(np.percentile(seen, 90)) * 1e3
@@ -140,17 +150,12 @@ def simulated_figures(result: Result, base: SimConfig, cost: CostModel) -> dict[
     """Replay ``result``'s workload under ``base`` (the vLLM settings) priced by ``cost``; its figures as vLLM
     computes them."""
     from simulator.core.runner import run_simulation
-    from simulator.inputs.workload import Workload
 
-    trace = vllm_io.replay_trace(result.data, base.seed)
-    workload = Workload(arrival_time=trace["arrival_time"].to_numpy(float),
-                        prompt_tokens=trace["prompt_tokens"].to_numpy(np.int64),
-                        output_tokens=trace["output_tokens"].to_numpy(np.int64), source=result.path)
-    concurrency = result.data.get("max_concurrency")
+    concurrency = result.data["max_concurrency"]  # an int or None (read_vllm_result)
     config = base.replace(arrival="trace", trace=result.path, rate=None, trace_speedup=None, cv=1.0,
-                          max_concurrency=concurrency if isinstance(concurrency, int) else base.max_concurrency)
-    run = run_simulation(config, workload=workload, cost=cost)
-    requests, empty = run.requests, trace["empty_output"].to_numpy(bool)
+                          max_concurrency=base.max_concurrency if concurrency is None else concurrency)
+    run = run_simulation(config, workload=result.workload, cost=cost)
+    requests, empty = run.requests, result.empty
     figures = vllm_io.vllm_style_figures(requests, empty)
     figures["duration"] = float(run.summary["simulated_seconds"])
     seen = requests["ttft"].to_numpy()[~empty[requests["request_id"].to_numpy()]]
@@ -238,7 +243,7 @@ def held_out(fitter: Fitter, names: Sequence[str], start: Calibration, max_evals
 def calibrate(paths: Sequence[str], dep: Deployment, base: SimConfig, out: Path, names: Sequence[str],
               start: Calibration, max_evals: int, log: Any = print) -> dict[str, Any]:
     """Fit, measure the held-out error, write the profile; returns its metadata's ``calibration`` block."""
-    results = read_results(paths)
+    results = read_results(paths, base.seed)
     fitter = Fitter(dep, base, results)
     log(f"calibrating {', '.join(names) or 'nothing'} on {len(results)} file(s) of {dep.target} on "
         f"{dep.tp} x {dep.gpu_key}")

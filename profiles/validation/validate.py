@@ -162,6 +162,14 @@ class Validation:
     probes: pd.DataFrame
     """Every speed probe's ratio (seconds now / seconds in the profile) per rate x policy, in the order taken:
     ``sample`` counts from the first probe before the run (engine profiles only; else empty)."""
+    skipped: tuple[str, ...] = ()
+    """One line per (rate, policy) not run, past ``--max-seconds`` (the report says so)."""
+
+    def decision_columns(self) -> list[str]:
+        """``rate``, ``policy`` and the columns of :attr:`decisions` a reader compares: acceptance rate, mean k,
+        proposed tokens and decode steps, real and simulated."""
+        return ["rate", "policy"] + [c for c in self.decisions.columns if c.split("_", 1)[-1] in
+                                     ("acceptance_rate", "mean_k", "proposed_tokens", "decode_steps")]
 
     def choices(self) -> pd.DataFrame:
         """What a user decides with, per rate: the policy with the lowest mean latency really and simulated
@@ -304,10 +312,12 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
         for _ in range(calls):
             probe()
         return probe.speed(since)
+    skipped = []
     for rate, (workload, prompts) in runs.items():
         for spec, (name, k, params) in zip(settings.policies, specs):
             if settings.max_seconds is not None and time.monotonic() - started > settings.max_seconds:
-                log(f"rate {rate:g} {spec}: not run, past --max-seconds {settings.max_seconds:g}")
+                skipped.append(f"rate {rate:g} {spec}: not run, past --max-seconds {settings.max_seconds:g}")
+                log(skipped[-1])
                 continue
             k = settings.k if k is None else k
             first_sample = len(probe.samples) if probe is not None else 0
@@ -383,7 +393,8 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     drift = {"reference_seconds_before": before, "reference_seconds_after": reference_seconds(pair, settings)}
     drift["after_over_before"] = drift["reference_seconds_after"] / before
     return Validation(pd.DataFrame(rows), pd.concat(parts, ignore_index=True), real,
-                      pd.DataFrame(decisions).fillna(0.0), drift, pd.DataFrame(probes, columns=PROBE_COLUMNS))
+                      pd.DataFrame(decisions).fillna(0.0), drift, pd.DataFrame(probes, columns=PROBE_COLUMNS),
+                      tuple(skipped))
 
 
 def reference_seconds(pair: ModelPair, settings: ValidateSettings, repeats: int = 21) -> float:
@@ -621,8 +632,6 @@ def write_report(out: Path, settings: ValidateSettings, result: Validation, choi
     machine's drift; the settings, the engine profile (its method) and every warning the run printed."""
     from simulator.studies import report
 
-    shown = [c for c in result.decisions.columns if c.split("_", 1)[-1] in
-             ("acceptance_rate", "mean_k", "proposed_tokens", "decode_steps")]
     sections: list[tuple[str, typing.Any]] = [
         ("Summary", "\n".join(headline)),
         ("Real and simulated, per rate, policy and metric (seconds; throughput: requests/s; validate.csv)",
@@ -633,7 +642,7 @@ def write_report(out: Path, settings: ValidateSettings, result: Validation, choi
         sections.append(("Each speculative policy against no-spec: mean latency ratio, below 1 it pays (payoffs.csv)",
                          payoffs))
     sections += [("How each policy decided, real and simulated (decisions.csv)",
-                  result.decisions[["rate", "policy"] + shown]),
+                  result.decisions[result.decision_columns()]),
                  ("Where the time goes: every real step, measured against the cost model on its shape, seconds "
                   "(parts.csv)", parts_totals(result.parts)),
                  ("The machine's drift over the run (drift.json)", dict(result.drift))]
@@ -753,19 +762,11 @@ def main(argv: list[str]) -> int:
     from simulator.studies.report import recorded_warnings, remove_report
 
     remove_report(args.out)  # an older run's: the report is written last, after every table
-    notes: list[str] = []
-
-    def log(message: str) -> None:
-        print(message)
-        if "not run" in message:  # a run skipped past --max-seconds: the report says so
-            notes.append(message)
-
     with recorded_warnings() as printed:
-        return _run_and_write(Path(args.out), settings, notes, printed, log)
+        return _run_and_write(Path(args.out), settings, printed)
 
 
-def _run_and_write(out: Path, settings: ValidateSettings, notes: list[str], printed: list[str],
-                   log: typing.Callable[[str], None]) -> int:
+def _run_and_write(out: Path, settings: ValidateSettings, printed: list[str]) -> int:
     """The validation proper (:func:`main`, once the flags are read): run, write every table, print, and last
     ``report.html``."""
     from profiles.models import forward
@@ -778,7 +779,7 @@ def _run_and_write(out: Path, settings: ValidateSettings, notes: list[str], prin
     if settings.profile_now:
         print(f"profiling the {settings.pair} engine on this machine first: {out}/engine_profile.csv")
         settings = replace(settings, profile=profile_now(pair, settings, out))
-    result = run_validation(pair, settings, log)
+    result = run_validation(pair, settings)
     for (rate, policy), run in result.real.items():
         tag = f"rate{rate:g}_{policy.replace(':', '').replace('/', '_')}"
         write_csv(out / f"requests_{tag}.csv", run.requests)
@@ -834,12 +835,11 @@ def _run_and_write(out: Path, settings: ValidateSettings, notes: list[str], prin
     if len(payoffs):
         print(f"\neach speculative policy against no-spec (mean latency ratio; below 1 it pays):\n"
               f"{payoffs.to_string(index=False, float_format='{:.3f}'.format)}")
-    shown = [c for c in result.decisions.columns if c.split("_", 1)[-1] in
-             ("acceptance_rate", "mean_k", "proposed_tokens", "decode_steps")]
     print(f"\nhow each policy decided, real and simulated:\n"
-          f"{result.decisions[['rate', 'policy'] + shown].to_string(index=False, float_format='{:.3f}'.format)}")
+          f"{result.decisions[result.decision_columns()].to_string(index=False, float_format='{:.3f}'.format)}")
     print(f"\nwhere the time goes (every real step, measured vs the cost model on its shape), seconds:\n"
           f"{format_parts(result.parts)}")
-    report = write_report(out, settings, result, choices, payoffs, headline + decision, notes + printed, figure)
+    report = write_report(out, settings, result, choices, payoffs, headline + decision, [*result.skipped, *printed],
+                          figure)
     print(f"\nresults: {out}/validate.csv, {out}/validate.png\nreport: {report}")
     return 0

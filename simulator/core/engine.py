@@ -250,19 +250,17 @@ class SimulatedEngine(DecodeRuns):
             else:
                 self._enqueue([rid])
 
-    def receive(self, rid: int) -> None:
-        """The fleet hook (:meth:`start` with ``own_arrivals`` False): request ``rid`` reaches the waiting queue now,
-        handed over by a router; :attr:`arrived` is the feeder's to keep."""
-        self.waiting.append(rid)
+    def receive(self, *rids: int) -> None:
+        """Requests reach the waiting queue now (the engine is woken if idle). The fleet hook too (:meth:`start` with
+        ``own_arrivals`` False: handed over by a router; :attr:`arrived` is the feeder's to keep)."""
+        self.waiting.extend(rids)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
     def _enqueue(self, rids: list[int]) -> None:
-        """Requests reach the engine's waiting queue."""
+        """Requests of the engine's own arrivals (through the front end, if any) reach its waiting queue."""
         self.arrived += len(rids)
-        self.waiting.extend(rids)
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
+        self.receive(*rids)
 
     def _frontend(self):
         """The front end (module docstring): handles its queue one request at a time, :attr:`frontend` seconds each,

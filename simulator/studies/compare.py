@@ -19,7 +19,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -56,8 +56,7 @@ def _names(a: str, b: str) -> tuple[str, str]:
 
 
 def side_by_side(a: str, b: str, out: str | None) -> int:
-    from simulator.results import check_out_dir, write_csv
-
+    from simulator.results import check_out_dir
     from simulator.studies import report
 
     (ka, da), (kb, db) = _load(a), _load(b)
@@ -71,12 +70,8 @@ def side_by_side(a: str, b: str, out: str | None) -> int:
         print(heading)
         print(table.to_string(index=False, float_format=lambda v: f"{v:9.3f}"))
         if out_dir:
-            with report.recorded_warnings() as printed:
-                write_csv(out_dir / "compare.csv", table)
-                print(f"table: {out_dir / 'compare.csv'}")
-                figure = plot_sweeps(da, db, names, out_dir / "compare.png")
-                print(f"figure: {figure}")
-                _side_by_side_report(out_dir, (a, b), ((ka, da), (kb, db)), names, heading, table, figure, printed)
+            _side_by_side_outputs(out_dir, (a, b), ((ka, da), (kb, db)), names, heading, table,
+                                  lambda path: plot_sweeps(da, db, names, path))
         return 0
     if "sweep" in (ka, kb):
         raise UserError("compare: a sweep goes beside another sweep; a run beside a run or a vLLM result")
@@ -85,23 +80,25 @@ def side_by_side(a: str, b: str, out: str | None) -> int:
         raise UserError(f"compare: {a} and {b} have no figure in common")
     _print_table(table)
     if out_dir:
-        with report.recorded_warnings() as printed:
-            write_csv(out_dir / "compare.csv", table)
-            print(f"table: {out_dir / 'compare.csv'}")
-            figure = plot_figures(table, names, out_dir / "compare.png")
-            print(f"figure: {figure}")
-            _side_by_side_report(out_dir, (a, b), ((ka, da), (kb, db)), names,
-                                 "every figure both have, with B / A - 1", table, figure, printed)
+        _side_by_side_outputs(out_dir, (a, b), ((ka, da), (kb, db)), names, "every figure both have, with B / A - 1",
+                              table, lambda path: plot_figures(table, names, path))
     return 0
 
 
-def _side_by_side_report(out_dir: Path, paths: tuple[str, str], inputs: tuple[tuple[str, Any], tuple[str, Any]],
-                         names: tuple[str, str], heading: str, table: pd.DataFrame, figure: str,
-                         printed: list[str]) -> None:
-    """``report.html`` of ``compare A B --out DIR``: the table and figure; each input's kind, its config (a run's
-    ``config.json``) and profile; the warnings each input's summary records (saturation, ignored requests)."""
+def _side_by_side_outputs(out_dir: Path, paths: tuple[str, str], inputs: tuple[tuple[str, Any], tuple[str, Any]],
+                          names: tuple[str, str], heading: str, table: pd.DataFrame,
+                          draw: Callable[[Path], str]) -> None:
+    """What ``compare A B --out DIR`` writes: ``compare.csv`` (``table``), ``compare.png`` (``draw(path)``) and last
+    ``report.html``: the table and figure; each input's kind, its config (a run's ``config.json``) and profile; the
+    warnings each input's summary records (saturation, ignored requests) and any printed meanwhile."""
+    from simulator.results import write_csv
     from simulator.studies import report
 
+    with report.recorded_warnings() as printed:
+        write_csv(out_dir / "compare.csv", table)
+        print(f"table: {out_dir / 'compare.csv'}")
+        figure = draw(out_dir / "compare.png")
+        print(f"figure: {figure}")
     warned, config, profiles = [], {}, []
     for path, name, (kind, data) in zip(paths, names, inputs):
         config[name] = f"{path} ({KINDS[kind]})"
