@@ -21,6 +21,7 @@ import numpy as np
 
 from policies.errors import UserError
 from policies.step_time import StepCosts
+from policies.tree import TreeFamily
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ class BatchView:
     """Upper bound on k for any request this step (configured k / K_max)."""
     draft_cost: bool = True
     """False for an n-gram proposer: proposing costs no draft passes."""
+    tree: TreeFamily | None = None
+    """Token trees (:mod:`policies.tree`): a proposal of k verifies ``tree.shape(k)`` (k counts tree nodes, at most
+    ``max_k``); None: chains of k tokens."""
 
     @property
     def batch_size(self) -> int:

@@ -50,10 +50,28 @@ then hill-climbs on single-request moves (raise or lower one k_i by one; take th
 best goodput; stop when none improves). Starting from the batch choice rather than from all zeros
 matters: the first token proposed at a new position opens a whole draft pass, so from all zeros no
 single raise pays for itself at moderate batch sizes even when a uniform k would.
+
+Token trees (issue 23; SmartSpec names tree decoding as the framework's next step). With a tree family in the view
+(``view.tree``, :mod:`policies.tree`), k is the number of tree nodes and the candidates are the family's shapes:
+request i verifying ``shape(k)`` is worth E[accepted_i | shape(k)] + 1 tokens, the sum over the shape's nodes of their
+reach (the closed form of :func:`policies.tree.expected_accepted`), and the step is priced by the step formula's tree
+form (:func:`policies.step_time.uniform_tree_pricer`, :class:`policies.step_time.TreeStep`): goodput =
+sum_i (E[accepted_i] + 1) / predicted step seconds, maximised over one shape for the batch (``mode=batch``) or by a
+hill climb per request from it (``mode=request``) whose moves raise (lower) by one the 1, 2, 4, ... requests at one k
+whose next node is worth most (last node least): a lone request rarely pays for the draft pass its deeper shape
+opens, a group can. The rank acceptance the policy
+believes in is the family's rank model with its own top-1 rate a: q[d][0] = a and q[d][r] = (1 - a) g_d(r), g_d the
+family's P(rank r | not rank 0) at depth d. It learns a from accepted lengths alone: the exponentially weighted maximum
+likelihood estimate, log-likelihoods of a on a grid of :data:`GRID` rates averaged with weight ``ema_weight`` (per
+request with ``acceptance=request``), from the pseudo-observation alpha_init log a + (1 - alpha_init) log(1 - a). For a
+chain this is the ``tokens`` estimator above (its likelihood is A log a + R log(1 - a)), so the tree estimate is that
+estimator's generalisation; ``acceptance=position`` and ``estimator`` do not apply to trees. A tree family that is a
+chain never reaches the policy (the engine runs it as chains).
 """
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from functools import reduce
 from itertools import repeat
 from operator import add, lt
@@ -62,8 +80,11 @@ from typing import Any
 import numpy as np
 
 from policies.base import BatchView, Policy, StepOutcome
+from policies.errors import UserError
 from policies.params import ParamReader
-from policies.step_time import shape_seconds, step_shape, uniform_pricer, uniform_step_seconds
+from policies.step_time import (TreeStep, shape_seconds, step_shape, tree_step, tree_step_seconds, uniform_pricer,
+                                uniform_step_seconds, uniform_tree_pricer)
+from policies.tree import TreeFamily, rank_prob
 
 SEQUENTIAL_SUM = sys.version_info < (3, 12)
 """Speed shortcut, switched here in one place: the expected tokens of a batch-wide k (one row's value added batch - 1
@@ -72,6 +93,9 @@ compensates), rather than by ``reduce(add, ...)``: the same sums (``tests/test_f
 ``reduce``."""
 
 MODES = ("batch", "request")
+GRID = 200
+"""Rates on the grid of the tree estimator (the midpoints of GRID equal cells of [0, 1]: within 1 / (2 GRID) of the
+weighted maximum-likelihood estimate)."""
 ACCEPTANCE = ("global", "request", "position")
 ESTIMATORS = ("tokens", "ratio")
 
@@ -121,9 +145,16 @@ class Goodput(Policy):
         self._idle = 0
         """Consecutive steps without a proposal (for ``probe``)."""
         self._probes = 0
-        self._pricers: dict[tuple[int, int, bool], Any] = {}
-        """:func:`policies.step_time.uniform_pricer` by (batch size, k_max, draft_cost), on ``_priced_on``."""
+        self._pricers: dict[tuple, Any] = {}
+        """:func:`policies.step_time.uniform_pricer` by (batch size, k_max, draft_cost), on ``_priced_on``; with token
+        trees :func:`policies.step_time.uniform_tree_pricer` of the shapes 0..k_max, by the same and the family."""
         self._priced_on: Any = None
+        self._tree: _TreeBelief | None = None
+        """Token trees: the family's shapes and the likelihoods of the top-1 rate (module docstring); None: chains."""
+        self._tree_loglik: np.ndarray | None = None
+        """Token trees: the weighted log-likelihood of each grid rate, shape (GRID,)."""
+        self._tree_by_request: dict[int, np.ndarray] = {}
+        """Token trees, ``acceptance=request``: each observed request's weighted log-likelihoods, shape (GRID,)."""
 
     # --- estimates ------------------------------------------------------------------------------
     @property
@@ -156,7 +187,9 @@ class Goodput(Policy):
             return np.zeros(0, dtype=np.int64)
         shared = self.fast and self.acceptance != "request"
         if self._steps % self.every == 0:
-            if shared and self.mode == "batch":
+            if view.tree is not None and not view.tree.is_chain:
+                self._decide_tree(view)
+            elif shared and self.mode == "batch":
                 self._decide_shared(view)
             else:
                 self._decide(view)
@@ -184,14 +217,24 @@ class Goodput(Policy):
         global estimate (``acceptance=global``), so a proposal reads only the batch size and its context total."""
         return self.fast and self.mode == "batch" and self.acceptance == "global"
 
+    @property
+    def trees_plain(self) -> bool:
+        """Whether :meth:`propose_plain` (given the tree family) and :meth:`observe_plain` may stand in for
+        :meth:`propose` and :meth:`observe` over token trees too (speed shortcut, as :attr:`steps_plain`)."""
+        return self.steps_plain
+
     def propose_plain(self, batch: int, context_tokens: int, cost_model: Any, max_k: int,
-                      draft_cost: bool) -> list[int]:
+                      draft_cost: bool, tree: TreeFamily | None = None) -> list[int]:
         """:meth:`propose` of a batch of ``batch`` requests with ``context_tokens`` tokens of context in all, as a
-        list (only while :attr:`steps_plain`): the same decisions and state changes (tested)."""
+        list (only while :attr:`steps_plain`; ``tree``: the view's tree family): the same decisions and state changes
+        (tested)."""
         if batch == 0:
             return []
         if self._steps % self.every == 0:
-            self._decide_uniform(batch, context_tokens, cost_model, max_k, draft_cost)
+            if tree is not None and not tree.is_chain:
+                self._decide_tree_uniform(batch, context_tokens, cost_model, max_k, draft_cost, tree)
+            else:
+                self._decide_uniform(batch, context_tokens, cost_model, max_k, draft_cost)
         self._steps += 1
         k = min(self._last_k, self.k, max_k)
         out = [k] * batch
@@ -206,6 +249,9 @@ class Goodput(Policy):
         return out
 
     def observe(self, outcome: StepOutcome) -> None:
+        if self._tree is not None:
+            self._observe_tree(outcome.proposed.tolist(), outcome.accepted.tolist(), outcome.request_ids.tolist())
+            return
         if self.fast and self.acceptance == "global":
             self._observe_global(outcome)
             return
@@ -234,6 +280,9 @@ class Goodput(Policy):
 
     def observe_plain(self, proposed: list[int], accepted: list[int]) -> None:
         """:meth:`observe` of a step's proposals and acceptances as lists (only while :attr:`steps_plain`)."""
+        if self._tree is not None:
+            self._observe_tree(proposed, accepted, None)
+            return
         if not any(proposed):
             return
         pair, w = self._global, self.ema_weight
@@ -261,6 +310,7 @@ class Goodput(Policy):
     def finish(self, request_id: int) -> None:
         self._by_request.pop(request_id, None)
         self._last_by_request.pop(request_id, None)
+        self._tree_by_request.pop(request_id, None)
 
     # --- decisions ------------------------------------------------------------------------------
     def _decide(self, view: BatchView) -> None:
@@ -358,3 +408,182 @@ class Goodput(Policy):
         out = np.empty_like(ks)
         out[order] = ks
         return out
+
+    # --- token trees (module docstring) ---------------------------------------------------------------
+    def tree_rate(self, request_id: int | None = None) -> float:
+        """The top-1 rate the policy believes in (its own request's with ``acceptance=request``, else the global)."""
+        loglik = self._tree_by_request.get(request_id, self._tree_loglik) if request_id is not None \
+            else self._tree_loglik
+        return float(self._tree.grid[int(np.argmax(loglik))])
+
+    def _belief(self, family: TreeFamily) -> "_TreeBelief":
+        """The belief over ``family``'s shapes, started from the prior at a new family."""
+        if self._tree is None or self._tree.family is not family:
+            if self.acceptance == "position":
+                raise UserError(f"policy {self.name}: acceptance=position is not modelled over token trees (use "
+                                "global or request)")
+            self._tree = _TreeBelief(family)
+            self._tree_loglik = self._tree.prior(self.alpha_init)
+            self._tree_by_request = {}
+        return self._tree
+
+    def _decide_tree(self, view: BatchView) -> None:
+        """Set ``_last_k`` (the best shape for everyone) and, in request mode, ``_last_by_request``."""
+        if self.mode == "batch" and self.acceptance != "request":
+            self._decide_tree_uniform(view.batch_size, int(view.context_lens.sum()), view.cost_model, view.max_k,
+                                      view.draft_cost, view.tree)
+            return
+        belief = self._belief(view.tree)
+        k_max = min(self.k, view.max_k)
+        ids = view.request_ids.tolist()
+        if self.acceptance == "request":
+            rates = np.array([self.tree_rate(r) for r in ids])
+            table = belief.expected(rates)[:, :k_max + 1] + 1.0  # (batch, k): expected tokens emitted
+        else:
+            table = np.broadcast_to(np.asarray(belief.expected_at(self.tree_rate())[:k_max + 1]) + 1.0,
+                                    (view.batch_size, k_max + 1))
+        best = self._best_tree_k(table.sum(axis=0).tolist(), view.batch_size, int(view.context_lens.sum()),
+                                 view.cost_model, k_max, view.draft_cost, view.tree)
+        if self.mode == "request":
+            ks = self._tree_hill_climb(view, table, self._last_k, best)
+            self._last_by_request = dict(zip(ids, ks))
+
+    def _decide_tree_uniform(self, batch: int, context_tokens: int, cost_model: Any, max_k: int, draft_cost: bool,
+                             tree: TreeFamily) -> None:
+        """:meth:`_decide_tree` of one shape for the batch from the global estimate, from what it reads of the view."""
+        self._belief(tree)
+        k_max = min(self.k, max_k)
+        totals = [(e + 1.0) * batch for e in self._tree.expected_at(self.tree_rate())[:k_max + 1]]
+        self._best_tree_k(totals, batch, context_tokens, cost_model, k_max, draft_cost, tree)
+
+    def _best_tree_k(self, totals: list[float], batch: int, context_tokens: int, cost_model: Any, k_max: int,
+                     draft_cost: bool, tree: TreeFamily) -> float:
+        """Set ``_last_k`` to the shape of best goodput for everyone, ``totals[k]`` the batch's expected tokens with
+        shape(k); return that goodput."""
+        if cost_model is not self._priced_on:
+            self._pricers, self._priced_on = {}, cost_model
+        key = (batch, k_max, draft_cost, tree)
+        price = self._pricers.get(key)
+        if price is None:
+            shapes = [tree.shape(k) for k in range(k_max + 1)]
+            price = self._pricers[key] = uniform_tree_pricer(cost_model, batch, shapes, draft_cost)
+        best_k, best = 0, -1.0
+        for k, seconds in enumerate(price(context_tokens)):
+            value = self._goodput(totals[k], seconds, k > 0)
+            if value > best:
+                best_k, best = k, value
+        self._last_k = best_k
+        return best
+
+    def _tree_hill_climb(self, view: BatchView, table: np.ndarray, k_start: int, start: float) -> list[int]:
+        """Per-request shapes from the uniform ``k_start``: the best move while it raises goodput, each priced by
+        :meth:`TreeStep.moved`. A move raises (lowers) by one the m requests at one k whose next (last) node is worth
+        most (least), m = 1, 2, 4, ... up to all of them: a lone request rarely pays for the draft pass its deeper
+        shape opens, a group can (the module docstring's hill climb, in groups)."""
+        family, k_max = view.tree, table.shape[1] - 1
+        ctx = view.context_lens.tolist()
+        ks = [k_start] * view.batch_size
+        step: TreeStep = tree_step(ctx, [family.shape(k_start)] * view.batch_size)
+        tokens, best = float(table[:, k_start].sum()), start
+        while True:
+            move = None
+            for level in sorted(set(ks)):
+                at = [i for i, k in enumerate(ks) if k == level]
+                for delta in (1, -1):
+                    if not 0 <= level + delta <= k_max:
+                        continue
+                    # the raise worth most first (then the shortest context); the lowering that loses least first
+                    ranked = sorted(at, key=lambda i: (table[i, level] - table[i, level + delta], delta * ctx[i]))
+                    cand, cand_tokens, m = step, tokens, 0
+                    for size in _group_sizes(len(ranked)):
+                        for i in ranked[m:size]:
+                            cand = cand.moved(family.shape(level), family.shape(level + delta), ctx[i])
+                            cand_tokens += table[i, level + delta] - table[i, level]
+                        m = size
+                        value = self._goodput(cand_tokens, tree_step_seconds(view.cost_model, cand, view.draft_cost),
+                                              cand.query_tokens > cand.batch_size)
+                        if value > best:
+                            move, best = (ranked[:size], delta, cand, cand_tokens), value
+            if move is None:
+                return ks
+            group, delta, step, tokens = move
+            for i in group:
+                ks[i] += delta
+
+    def _observe_tree(self, proposed: list[int], accepted: list[int], request_ids: list[int] | None) -> None:
+        """One step of the weighted likelihoods (module docstring) from the accepted lengths of the requests that
+        verified a tree (global, and per request with ``acceptance=request``: ``request_ids`` given)."""
+        if not any(proposed):
+            return
+        loglik, w = self._tree.loglik, self.ema_weight
+        seen = Counter(zip(proposed, accepted))  # a batch's outcomes repeat: each row added once, times its count
+        by_request = self.acceptance == "request" and request_ids is not None
+        prior = self.tree_rate() if by_request else 0.0
+        self._tree_loglik = (1 - w) * self._tree_loglik + w * sum(n * loglik[k, a] for (k, a), n in seen.items() if k)
+        if by_request:  # a request's first update starts from one pseudo-trial at the global rate
+            for rid, k, a in zip(request_ids, proposed, accepted):
+                if k:
+                    own = self._tree_by_request.get(rid)
+                    own = self._tree.prior(prior) if own is None else own
+                    self._tree_by_request[rid] = (1 - w) * own + w * loglik[k, a]
+
+
+def _group_sizes(n: int) -> list[int]:
+    """1, 2, 4, ... below ``n``, then ``n``: the sizes of the group moves of :meth:`Goodput._tree_hill_climb`."""
+    sizes, m = [], 1
+    while m < n:
+        sizes.append(m)
+        m *= 2
+    return sizes + [n]
+
+
+# -- token trees (module docstring) ------------------------------------------------------------------------------------
+class _TreeBelief:
+    """What the policy believes of a tree family's shapes as a function of its top-1 rate a: each node's reach
+    a^z (1 - a)^m G (z ranks 0 on its path, m others, G the product of their conditional rank probabilities), and the
+    log-likelihood of each accepted length of each shape for every rate of the grid."""
+
+    def __init__(self, family: TreeFamily) -> None:
+        self.family = family
+        q = family.q
+        zeros, others, weight = [], [], []
+        for path in family.order:  # shape(k) holds the first k
+            g = 1.0
+            for d, r in enumerate(path, 1):
+                if r:
+                    top1 = rank_prob(q, d, 0)
+                    g *= rank_prob(q, d, r) / (1.0 - top1) if top1 < 1.0 else 0.0
+            zeros.append(sum(1 for r in path if r == 0))
+            others.append(sum(1 for r in path if r))
+            weight.append(g)
+        self.zeros, self.others, self.weight = (np.array(x, dtype=float) for x in (zeros, others, weight))
+        self.grid = (np.arange(GRID) + 0.5) / GRID
+        # reach of node j at each grid rate, (nodes, GRID); survival P(L >= d | shape(k)) built node by node
+        reach = self.grid ** self.zeros[:, None] * (1.0 - self.grid) ** self.others[:, None] * self.weight[:, None]
+        depth = family.num_nodes and max(len(p) for p in family.order)
+        surv = np.zeros((family.num_nodes + 1, depth + 2, GRID))  # (k, d = 0..depth + 1, GRID)
+        surv[:, 0, :] = 1.0
+        for k, path in enumerate(family.order, 1):
+            surv[k] = surv[k - 1]
+            surv[k, len(path)] += reach[k - 1]
+        self.loglik = np.log(np.maximum(surv[:, :-1, :] - surv[:, 1:, :], 1e-300))
+        """log P(accepted = l | shape(k), a) at each grid rate, shape (k, l, GRID)."""
+        self._expected: dict[float, list[float]] = {}
+
+    def expected(self, rates: np.ndarray) -> np.ndarray:
+        """E[accepted | shape(k)] for k = 0..num_nodes (columns) at each rate of ``rates`` (rows): the running sum of
+        the nodes' reach, shape (rates, num_nodes + 1)."""
+        a = np.asarray(rates, dtype=float)[:, None]
+        reach = a ** self.zeros * (1.0 - a) ** self.others * self.weight
+        return np.concatenate([np.zeros((a.shape[0], 1)), np.cumsum(reach, axis=1)], axis=1)
+
+    def expected_at(self, rate: float) -> list[float]:
+        """:meth:`expected` of one rate (a grid rate: kept once worked out)."""
+        found = self._expected.get(rate)
+        if found is None:
+            found = self._expected[rate] = self.expected(np.array([rate]))[0].tolist()
+        return found
+
+    def prior(self, alpha: float) -> np.ndarray:
+        """The log-likelihood of one pseudo-trial of alpha successes at each grid rate (the estimators' start)."""
+        return alpha * np.log(self.grid) + (1.0 - alpha) * np.log(1.0 - self.grid)

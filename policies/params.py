@@ -53,6 +53,21 @@ class ParamReader:
             raise self.error(name, f"must be >= {low}", int(value))
         return int(value)
 
+    def integers(self, name: str, default: tuple[int, ...], low: int) -> tuple[int, ...]:
+        """Integers >= ``low``, in the order given: ``"1,3,7"`` (or ``"1;3;7"``, which a sweep's ``--policies`` list
+        leaves whole), ``[1, 3, 7]`` (a saved config), or one number."""
+        if name not in self._params:
+            return default
+        raw = self._params.pop(name)
+        items = raw.replace(";", ",").split(",") if isinstance(raw, str) else raw
+        items = items if isinstance(items, (list, tuple)) else [items]
+        values = [_to_float(x) for x in items]
+        if not values or any(v is None or not v.is_integer() for v in values):
+            raise self.error(name, "must be integers separated by commas", raw)
+        if min(values) < low:
+            raise self.error(name, f"must all be >= {low}", raw)
+        return tuple(int(v) for v in values)
+
     def choice(self, name: str, default: str, options: tuple[str, ...]) -> str:
         """One of ``options``."""
         if name not in self._params:

@@ -30,8 +30,9 @@ def is_speculative(policy_name: str, k: int) -> bool:
 
 
 def lookahead(max_k: int, speculative: bool) -> int:
-    """KV slots one decode step may write beyond a request's context: the k proposed tokens plus the one
-    verified after them when speculating, else the one new token."""
+    """KV slots one decode step may write beyond a request's context: the k proposed tokens (a token tree's k nodes,
+    :mod:`policies.tree`: each verified node writes its slot) plus the one verified after them when speculating, else
+    the one new token."""
     return max_k + 1 if speculative else 1
 
 
@@ -81,6 +82,11 @@ def draft_lag(lag: int, k: int, accepted: int) -> int:
     proposal: 1 + [accepted == k]. Without a proposal (k = 0) it saw nothing: one more. The next draft pass feeds
     them all (:func:`policies.step_time.catchup_step_seconds` prices it). The real engine runs every draft pass over
     the whole batch, so there a request that proposed 0 beside others that proposed is fed too (lag 1).
+
+    A token tree (:mod:`policies.tree`) is asked with ``k`` its depth: its passes fed every node with children, so the
+    draft has not seen the bonus token and, when the accepted path ends at a leaf, that leaf; a path that ends at the
+    tree's full depth surely does, and one that ends higher is taken to end at a node with children (an approximation:
+    a tree's shorter branches end in leaves too; only the accepted length is drawn, not the path).
     """
     if k == 0:
         return lag + 1

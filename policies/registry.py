@@ -72,7 +72,7 @@ def load_policy_file(path: str) -> list[str]:
 
 _builtins_loaded = False
 #: Names of the built-in policies, which a user's file may not replace.
-BUILTIN_NAMES = ("goodput", "no-spec", "fixed-k", "threshold")
+BUILTIN_NAMES = ("goodput", "no-spec", "fixed-k", "threshold", "vllm-batch-table", "sglang-adaptive")
 
 
 def _load_builtins() -> None:
@@ -81,10 +81,12 @@ def _load_builtins() -> None:
     global _builtins_loaded
     if _builtins_loaded:
         return
+    from policies.adaptive_tiers import SglangAdaptive
+    from policies.batch_table import VllmBatchTable
     from policies.goodput import Goodput
     from policies.static import FixedK, NoSpec
     from policies.threshold import Threshold
 
-    for cls in (Goodput, NoSpec, FixedK, Threshold):
+    for cls in (Goodput, NoSpec, FixedK, Threshold, VllmBatchTable, SglangAdaptive):
         register(cls)
     _builtins_loaded = True

@@ -15,6 +15,20 @@ speculation), so pass 1 is ``draft_time(n_1, sum (c_i + 1 - lag_i), sum lag_i)``
 SmartSpec (Liu et al., arXiv 2406.14066, Sec. 4) costs a batch the same way: sequential draft passes
 plus one verification pass over every proposed and bonus token. All times are seconds.
 
+The tree form (:class:`TreeStep`, issue 23): request i verifies a token tree S_i of n_i nodes (:mod:`policies.tree`)
+in the same one target pass, each sequence's cache read once (tree attention, as vLLM's ``TREE_ATTN`` backend and
+SGLang's EAGLE verification), and the draft runs depth(S_i) passes, pass d feeding the e_i(d) =
+``S_i.expanded_at_depth(d)`` nodes of depth d - 1 that have children (SGLang: top-k per step)::
+
+    draft:   sum over passes d = 1..max depth of  draft_time(n_d, sum_{i: depth_i >= d} (c_i + f_i(d)),
+                                                              sum_{i: depth_i >= d} e_i(d)),
+             f_i(d) = e_i(1) + ... + e_i(d - 1)   (the tokens earlier passes fed: the draft's cache grows by them)
+    verify:  target_time(B, sum_i (n_i + 1), sum_i c_i)
+    + overhead_time(B)
+
+A chain has e_i(d) = 1 and f_i(d) = d - 1: the formula above, the same cost-model calls (a pass feeding one token per
+sequence is asked without its query count), so the same seconds bit for bit (tested).
+
 A step is summarised by its :class:`StepShape` (token counts per pass), so an adaptive policy can
 price "one request one token longer or shorter" in O(max k) with :meth:`StepShape.moved` instead of
 re-reading the batch.
@@ -36,6 +50,8 @@ from typing import Protocol
 
 import numpy as np
 
+from policies.tree import TreeShape
+
 
 class StepCosts(Protocol):
     """What the step formula asks of a cost model (seconds; tokens are totals over the batch). The batch methods
@@ -44,7 +60,9 @@ class StepCosts(Protocol):
 
     def target_time(self, batch_size: int, query_tokens: int, context_tokens: int) -> float: ...
 
-    def draft_time(self, batch_size: int, context_tokens: int) -> float: ...
+    def draft_time(self, batch_size: int, context_tokens: int, query_tokens: int | None = None) -> float: ...
+    """A draft pass over ``batch_size`` sequences: one new token each, or ``query_tokens`` in all (a catch-up pass, a
+    tree's pass feeding several nodes per sequence). Asked with two arguments wherever each sequence feeds one."""
 
     def overhead_time(self, batch_size: int) -> float: ...
 
@@ -234,14 +252,19 @@ def catchup_step_seconds(cost_model: StepCosts, context_lens: list[int], ks: lis
     shape = step_shape(context_lens, ks)
     drafts = []
     if shape.draft_passes:
-        lag = [g for g, k in zip(lags, ks) if k]
         (seqs, tokens), *rest = shape.draft_passes
-        # ragged (vLLM): the lags packed; padded (this project's real engine): every sequence fed the longest lag
-        fed = seqs * max(lag) if getattr(cost_model, "batch_layout", "ragged") == "padded" else sum(lag)
-        drafts = [cost_model.draft_time(seqs, tokens + seqs - sum(lag), fed)]
+        drafts = [_catchup_pass(cost_model, seqs, tokens, [g for g, k in zip(lags, ks) if k])]
         drafts += [cost_model.draft_time(s, t) for s, t in rest]
     return step_seconds(cost_model.target_time(shape.batch_size, shape.query_tokens, shape.context_tokens),
                         cost_model.overhead_time(shape.batch_size), drafts)
+
+
+def _catchup_pass(cost_model: StepCosts, seqs: int, tokens: int, lag: list[int]) -> float:
+    """The draft's first pass over ``seqs`` sequences reading ``tokens`` (one new token each) priced at what it feeds:
+    each sequence's ``lag`` unseen tokens (:func:`catchup_step_seconds`)."""
+    # ragged (vLLM): the lags packed; padded (this project's real engine): every sequence fed the longest lag
+    fed = seqs * max(lag) if getattr(cost_model, "batch_layout", "ragged") == "padded" else sum(lag)
+    return cost_model.draft_time(seqs, tokens + seqs - sum(lag), fed)
 
 
 def run_seconds(cost_model: StepCosts, batch_size: int, query_tokens: int, context_tokens: Sequence[int],
@@ -275,3 +298,137 @@ def predict_step_seconds(cost_model: StepCosts, context_lens: Sequence[int] | np
                 and all(seqs == batch for seqs, _ in shape.draft_passes):  # uniform: priced just now (speed shortcut)
             return seconds[k]
     return shape_seconds(cost_model, shape, draft_cost)
+
+
+# -- the tree form (module docstring) ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TreeStep:
+    """Token counts of one decode step in which request i verifies the token tree ``shapes[i]`` (module docstring)."""
+
+    batch_size: int
+    query_tokens: int
+    """Tokens verified by the target: sum_i (n_i + 1)."""
+    context_tokens: int
+    """KV-cache tokens attended by the target: sum_i c_i."""
+    draft_passes: tuple[tuple[int, int, int], ...]
+    """(sequences, context tokens, tokens fed) of draft pass d = 1..max depth; empty when nobody speculates."""
+
+    def moved(self, old: TreeShape, new: TreeShape, context_len: int) -> "TreeStep":
+        """The step after one request (context ``context_len``) verifies ``new`` instead of ``old``: its parts of
+        each pass taken out and put in (integers, so the same counts as :func:`tree_step` of the moved batch)."""
+        passes = [list(p) for p in self.draft_passes]
+        for shape, sign in ((old, -1), (new, 1)):
+            for d, (fed, before) in enumerate(zip(shape.expanded, shape.fed_before)):
+                if d == len(passes):
+                    passes.append([0, 0, 0])
+                part = passes[d]
+                part[0] += sign
+                part[1] += sign * (context_len + before)
+                part[2] += sign * fed
+        while passes and passes[-1][0] == 0:
+            passes.pop()
+        return TreeStep(self.batch_size, self.query_tokens + new.num_nodes - old.num_nodes, self.context_tokens,
+                        tuple((s, t, f) for s, t, f in passes))
+
+
+def tree_step(context_lens: Sequence[int], shapes: Sequence[TreeShape]) -> TreeStep:
+    """The :class:`TreeStep` of requests with ``context_lens[i]`` tokens of context verifying ``shapes[i]``: integer
+    sums over the requests grouped by shape (a family's shapes are shared objects, a few per batch)."""
+    groups: dict[int, list] = {}
+    for c, shape in zip(context_lens, shapes):
+        group = groups.get(id(shape))
+        if group is None:
+            groups[id(shape)] = [shape, 1, c]
+        else:
+            group[1] += 1
+            group[2] += c
+    passes = []
+    for d in range(max((g[0].depth for g in groups.values()), default=0)):
+        seqs = tokens = fed = 0
+        for shape, count, context in groups.values():
+            if shape.depth > d:
+                seqs += count
+                tokens += context + count * shape.fed_before[d]
+                fed += count * shape.expanded[d]
+        passes.append((seqs, tokens, fed))
+    return TreeStep(len(shapes), sum(s.num_nodes for s in shapes) + len(shapes), sum(context_lens), tuple(passes))
+
+
+def _tree_pass(cost_model: StepCosts, seqs: int, tokens: int, fed: int) -> float:
+    """One draft pass of a tree step: asked without its query count when it feeds one token per sequence (a chain's
+    pass, priced by the same call as the chain form)."""
+    return cost_model.draft_time(seqs, tokens) if fed == seqs else cost_model.draft_time(seqs, tokens, fed)
+
+
+def tree_step_seconds(cost_model: StepCosts, step: TreeStep, draft_cost: bool, lags: list[int] | None = None) -> float:
+    """Seconds of a tree step: verification + overhead + draft passes (if ``draft_cost``), by :func:`step_seconds`.
+    ``lags`` (those of the requests with a tree, in batch order): the first pass priced at what it feeds, as
+    :func:`catchup_step_seconds` (a cost model that ``prices_catchup``)."""
+    target = cost_model.target_time(step.batch_size, step.query_tokens, step.context_tokens)  # asked first, as
+    drafts = []  # shape_seconds asks
+    if draft_cost and step.draft_passes:
+        (seqs, tokens, fed), *rest = step.draft_passes
+        drafts = [_tree_pass(cost_model, seqs, tokens, fed) if lags is None
+                  else _catchup_pass(cost_model, seqs, tokens, lags)]
+        drafts += [_tree_pass(cost_model, s, t, f) for s, t, f in rest]
+    return step_seconds(target, cost_model.overhead_time(step.batch_size), drafts)
+
+
+def predict_tree_seconds(cost_model: StepCosts, context_lens: Sequence[int], shapes: Sequence[TreeShape],
+                         draft_cost: bool, lags: list[int] | None = None) -> float:
+    """Seconds of one decode step in which request i verifies ``shapes[i]`` (the tree form, module docstring)."""
+    return tree_step_seconds(cost_model, tree_step(context_lens, shapes), draft_cost, lags)
+
+
+def uniform_tree_pricer(cost_model: StepCosts, batch_size: int, shapes: Sequence[TreeShape],
+                        draft_cost: bool) -> Callable[[int], list[float]]:
+    """:func:`predict_tree_seconds` of ``batch_size`` requests all verifying ``shapes[j]``, for each j, as a function of
+    their context total: the same cost-model calls with the same integer arguments (pass d reads the total plus
+    batch x f(d) and feeds batch x e(d)) and :func:`step_seconds`' additions, without building the steps (bit for bit,
+    tested). A draft pass that several shapes share (a family's nested shapes share most) is priced once."""
+    target, draft, overhead = cost_model.target_time, cost_model.draft_time, cost_model.overhead_time(batch_size)
+    b, passes, plans = batch_size, {}, []
+    for shape in shapes:
+        keys = [passes.setdefault((b * before, b * fed), len(passes)) for fed, before in
+                zip(shape.expanded, shape.fed_before)] if draft_cost and b else []
+        plans.append((b * (shape.num_nodes + 1), keys))
+    reads = list(passes)
+
+    def seconds(context_tokens: int) -> list[float]:
+        global _last_tree
+        targets = [target(b, query, context_tokens) for query, _ in plans]
+        drafts = [draft(b, context_tokens + extra) if fed == b else draft(b, context_tokens + extra, fed)
+                  for extra, fed in reads]
+        out = []
+        for total, (_, keys) in zip(targets, plans):  # step_seconds' additions: verification, overhead, passes
+            total += overhead
+            for key in keys:
+                total += drafts[key]
+            out.append(float(total))
+        _last_tree = (cost_model, b, context_tokens, draft_cost, shapes, out)
+        return out
+
+    return seconds
+
+
+TREE_MEMO = True
+"""Speed shortcut, switched here in one place: :func:`tree_memo` returns the seconds :func:`uniform_tree_pricer` has
+just worked out for a step (an adaptive policy pricing every shape of its batch) instead of pricing it again; equal
+bit for bit (``tests/test_trees.py`` runs both). False: no memo."""
+
+_last_tree: tuple = (None, 0, 0, False, (), [])
+"""The latest :func:`uniform_tree_pricer` pricing: (cost model, batch size, context tokens, draft_cost, shapes, seconds
+by shape), the model and the shapes held by identity."""
+
+
+def tree_memo(cost_model: StepCosts, batch_size: int, context_tokens: int, shape: TreeShape,
+              draft_cost: bool) -> float | None:
+    """The seconds of ``batch_size`` requests all verifying ``shape`` over ``context_tokens`` if
+    :func:`uniform_tree_pricer` has just priced that step on ``cost_model`` (else ``None``; speed shortcut,
+    :data:`TREE_MEMO`)."""
+    model, batch, context, draft, shapes, seconds = _last_tree
+    if TREE_MEMO and model is cost_model and batch == batch_size and context == context_tokens and draft == draft_cost:
+        for j, priced in enumerate(shapes):
+            if priced is shape:
+                return seconds[j]
+    return None

@@ -40,6 +40,21 @@ with the operator classes
 - ``lm_head`` (once): logits for every new token of a decode/verify pass, for the last prompt token
   of a prefill (as vLLM does); the input embedding gather is folded in.
 
+**Draft heads** (EAGLE, EAGLE-3, MTP; :data:`profiles.models.config.HEAD_SHAPES`) are priced by the same formula as
+the ``draft`` role of a (target, head) profile: their decoder layer(s) as ``linear`` and ``attention`` (EAGLE-3's
+q/k/v over [embedding, fc output], twice the hidden size), their fc layer as one more ``linear`` term a pass (weights
+``fc_inputs x hidden x hidden``), and ``lm_head`` over the rows the head computes: the target's vocabulary for EAGLE
+and MTP (the shared LM head is still read every pass), EAGLE-3's draft vocabulary (32,000 for Llama-3.1-8B's
+published head, a quarter of the target's 128,256). A head's prefill is its layer over the prompt (vLLM's EAGLE
+proposer runs the head over the prompt's tokens and the target's hidden states after the target's prefill); there
+is no separate model to prefill. Its memory is its own weights (fc, layer, norms, EAGLE-3's LM head; the embedding,
+and EAGLE's and MTP's LM head, are the target's) and one layer's KV per token. Approximation: EAGLE-3's fc runs once
+a step in vLLM (over the target's fused states of the tokens just verified), but a profile row is one draft pass,
+so every pass is priced with it: an upper bound by the fc's share of a pass (a tenth of an 8B head's weight reads)
+on passes 2..k. The per-pass overhead is the engine's, as for a draft model's pass: ``overhead_fixed_s +
+overhead_per_layer_s`` (one layer) here, and a calibrated profile's ``pass_overhead_s`` in full
+(:func:`profiles.calibrate.transfer`; vLLM v0 ran EAGLE through the draft model runner).
+
 A model too large for one GPU (Llama-3.1-70B in bf16 does not fit 80 GB) runs with tensor parallelism
 of degree ``tp`` (Megatron-LM, Shoeybi et al. 2019, sec. 3): FLOPs, weights and KV heads split ``tp``
 ways and each layer adds two all-reduces of the layer's activations (tokens x hidden x dtype bytes),
@@ -65,7 +80,7 @@ from typing import Any
 import pandas as pd
 
 from profiles.grid import GPU_GRID, Grid
-from profiles.models.config import read_model_config
+from profiles.models.config import HEAD_SHAPES, read_model_config
 from policies.errors import UserError
 from simulator.costs.profile_table import VERIFICATIONS
 
@@ -81,7 +96,9 @@ WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
 # -- architectures -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Architecture:
-    """The sizes of a decoder-only transformer that costs and memory depend on (counts, not bytes)."""
+    """The sizes of a decoder-only transformer that costs and memory depend on (counts, not bytes); or of a draft head
+    (:data:`profiles.models.config.HEAD_SHAPES`: an fc layer, decoder layer(s) of its target's width and an LM head,
+    on the target's hidden states)."""
 
     name: str
     num_layers: int
@@ -93,12 +110,62 @@ class Architecture:
     vocab: int
     tied_embeddings: bool
     qkv_bias: bool
+    head: str | None = None
+    """A draft head's method (``eagle``, ``eagle3``, ``mtp``); None: a whole model."""
+    fc_inputs: int = 0
+    """Input width of the head's fc layer in hidden sizes (output: one); 0: no fc layer."""
+    attention_inputs: int = 1
+    """Input width of the q/k/v projections in hidden sizes (EAGLE-3's attention reads [embedding, fc output]: 2)."""
+    logit_vocab: int | None = None
+    """Rows of the LM head when not ``vocab`` (EAGLE-3's reduced draft vocabulary)."""
+    shares_embedding: bool = False
+    """The embedding is the target's: read, not held (a head)."""
+    shares_lm_head: bool = False
+    """The LM head is the target's: computed with, not held (EAGLE, MTP)."""
 
     @classmethod
-    def from_config(cls, spec: str, where: str = "model") -> "Architecture":
-        """From a shipped model name or a config file path (``where`` names the flag in errors)."""
-        path, data = read_model_config(spec, where)
-        return cls.from_dict(data, path.stem, str(path))
+    def from_config(cls, spec: str, where: str = "model", target: "Architecture | None" = None) -> "Architecture":
+        """From a shipped model name or a config file path (``where`` names the flag in errors); a draft head's
+        config needs the ``target`` whose hidden states it reads (:meth:`head_on`)."""
+        path, data = read_model_config(spec, where, head_ok=True)
+        if "speculative_method" not in data:
+            return cls.from_dict(data, path.stem, str(path))
+        if target is None:
+            raise UserError(f"{where}: {path} is an {data['speculative_method']} draft head: it runs on a target's "
+                            "hidden states, so it is priced as the draft of a target (give --target too)")
+        return cls.head_on(target, data, path.stem, str(path))
+
+    @classmethod
+    def head_on(cls, target: "Architecture", data: dict[str, Any], name: str, where: str) -> "Architecture":
+        """A draft head's architecture (``data``: its config, :mod:`profiles.models.config`) on ``target``: the sizes
+        the config leaves out are the target's, one decoder layer unless it says; its hidden size and vocabulary
+        must be the target's (it reads the target's hidden states and shares its embedding)."""
+        method = data["speculative_method"]
+        shape = HEAD_SHAPES[method]
+        inherited = {"model_type": "qwen2" if target.qkv_bias else "llama", "hidden_size": target.hidden,
+                     "num_attention_heads": target.heads, "num_key_value_heads": target.kv_heads,
+                     "head_dim": target.head_dim, "intermediate_size": target.intermediate,
+                     "vocab_size": target.vocab, "num_hidden_layers": 1}
+        arch = cls.from_dict({**inherited, **data}, name, where)
+        for key, mine, theirs, why in (("hidden_size", arch.hidden, target.hidden, "reads the target's hidden states"),
+                                       ("vocab_size", arch.vocab, target.vocab, "shares the target's embedding")):
+            if mine != theirs:
+                raise UserError(f"{where}: {key} {mine} is not the target {target.name}'s {theirs}: an {method} head "
+                                f"{why}")
+        if shape.attention_inputs > 1 and arch.num_layers != 1:
+            raise UserError(f"{where}: num_hidden_layers must be 1 for an {method} head (its one layer's attention "
+                            f"reads [embedding, fc output]; got {arch.num_layers})")
+        draft_vocab = data.get("draft_vocab_size")
+        if draft_vocab is not None and not shape.own_lm_head:
+            raise UserError(f"{where}: draft_vocab_size: an {method} head computes its logits with the target's LM "
+                            "head (only an eagle3 head has a vocabulary of its own)")
+        if draft_vocab is not None and (isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int)
+                                        or not 0 < draft_vocab <= arch.vocab):
+            raise UserError(f"{where}: draft_vocab_size must be an integer in [1, vocab_size {arch.vocab}] "
+                            f"(got {draft_vocab!r})")
+        return replace(arch, head=method, fc_inputs=shape.fc_inputs, attention_inputs=shape.attention_inputs,
+                       logit_vocab=draft_vocab if shape.own_lm_head else None, tied_embeddings=False,
+                       shares_embedding=True, shares_lm_head=not shape.own_lm_head)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], name: str, where: str) -> "Architecture":
@@ -125,24 +192,50 @@ class Architecture:
         return replace(self, num_layers=num_layers)
 
     @property
+    def lm_vocab(self) -> int:
+        """Rows of the LM head (the logits a pass computes per token): ``vocab``, or a head's draft vocabulary."""
+        return self.vocab if self.logit_vocab is None else self.logit_vocab
+
+    @property
     def layer_linear_params(self) -> int:
-        """Weights of one layer's projections: q, k, v, o (attention) and gate, up, down (SwiGLU MLP)."""
+        """Weights of one layer's projections: q, k, v (over ``attention_inputs`` hidden sizes), o (attention) and
+        gate, up, down (SwiGLU MLP)."""
         q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
         bias = q_out + 2 * kv_out if self.qkv_bias else 0
-        return self.hidden * (q_out + 2 * kv_out) + q_out * self.hidden + 3 * self.hidden * self.intermediate + bias
+        return self.attention_inputs * self.hidden * (q_out + 2 * kv_out) + q_out * self.hidden \
+            + 3 * self.hidden * self.intermediate + bias
+
+    @property
+    def fc_params(self) -> int:
+        """Weights of a head's fc layer: ``fc_inputs`` hidden sizes in, one out (no bias, as vLLM's); 0 for a model."""
+        return self.fc_inputs * self.hidden * self.hidden
 
     @property
     def params(self) -> int:
-        """All parameters: layers (projections and two RMSNorms each), final norm, embedding, LM head."""
-        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
-        return self.num_layers * (self.layer_linear_params + 2 * self.hidden) + self.hidden + embeddings
+        """Parameters held in memory: layers (projections and two RMSNorms each, EAGLE-3's third), final norm,
+        embedding and LM head; a head holds its fc layer, layer(s), norms and its own LM head only (EAGLE-3's), the
+        embedding (and EAGLE's and MTP's LM head) being the target's."""
+        embedding = 0 if self.shares_embedding else self.vocab * self.hidden
+        lm_head = 0 if self.shares_lm_head or self.tied_embeddings else self.lm_vocab * self.hidden
+        norms = (self.num_layers * 2 + self.attention_inputs) * self.hidden  # two a layer, the final one, EAGLE-3's
+        return self.num_layers * self.layer_linear_params + self.fc_params + norms + embedding + lm_head
 
     def weight_bytes(self, dtype_bytes: float, linear_bytes: float | None = None) -> float:
-        """Bytes of the weights: the projections at ``linear_bytes`` per parameter (weight-only quantization;
-        default ``dtype_bytes``), embeddings, norms and LM head at ``dtype_bytes``."""
-        linear = self.num_layers * self.layer_linear_params
+        """Bytes of the weights: the projections (a head's fc layer too) at ``linear_bytes`` per parameter
+        (weight-only quantization; default ``dtype_bytes``), embeddings, norms and LM head at ``dtype_bytes``."""
+        linear = self.num_layers * self.layer_linear_params + self.fc_params
         other = self.params - linear
         return linear * (dtype_bytes if linear_bytes is None else linear_bytes) + other * dtype_bytes
+
+    def draft_meta(self) -> dict[str, Any]:
+        """What a profile's metadata says of this model as a draft: for a head its method (vLLM's name, which a
+        simulation's ``speculative_method`` must match), what it shares with the target and its LM head's rows."""
+        if self.head is None:
+            return {}
+        shared = ["embedding"] + (["lm_head"] if self.shares_lm_head else [])
+        return {"speculative_method": self.head, "shares_with_target": shared, "fc_inputs": self.fc_inputs,
+                "attention_inputs": self.attention_inputs, "lm_head_rows": self.lm_vocab,
+                "structure": HEAD_SHAPES[self.head].source}
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV cache bytes of one token: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
@@ -150,12 +243,13 @@ class Architecture:
 
     def activation_elements(self, tp: int = 1) -> float:
         """Elements one token's activations move through one layer's unfused kernels (reads + writes):
-        the two RMSNorms and residual adds and the projections' inputs and outputs (15 x hidden), the
-        attention-width tensors q, k, v, rotary and attention output ((5 heads + 4 kv_heads) x head_dim)
+        the two RMSNorms and residual adds and the projections' inputs and outputs (15 x hidden; EAGLE-3's
+        attention over [embedding, x] adds its third RMSNorm, the concatenation and q/k/v's wider input, 9 x hidden),
+        the attention-width tensors q, k, v, rotary and attention output ((5 heads + 4 kv_heads) x head_dim)
         and the MLP's gate/up outputs, SiLU-and-multiply and down input (6 x intermediate); the
         attention- and MLP-width ones split over ``tp`` devices."""
         sharded = 6 * self.intermediate + (5 * self.heads + 4 * self.kv_heads) * self.head_dim
-        return 15 * self.hidden + sharded / tp
+        return (15 + 9 * (self.attention_inputs - 1)) * self.hidden + sharded / tp
 
 
 # -- hardware ------------------------------------------------------------------------------------
@@ -211,6 +305,12 @@ EFFICIENCY_SOURCE = (
     "(nccl-tests)")
 
 
+#: How a draft head's rows are priced (recorded in a head profile's metadata; the module docstring says why).
+HEAD_PRICING = ("the head's passes by the roofline of its own layer(s), fc layer and LM head rows, plus the engine's "
+                "per-pass overhead as any pass (a calibrated profile's pass_overhead_s in full); its prefill is its "
+                "layer over the prompt; EAGLE-3's fc priced on every pass (vLLM runs it once a step: an upper bound)")
+
+
 @dataclass(frozen=True)
 class PassCost:
     """Seconds of one pass split into its terms (they add up to :attr:`seconds`)."""
@@ -254,16 +354,21 @@ def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_l
         kv_tokens = context_len + 2 * query_len
     attention = _roofline(4 * tokens * mean_keys * arch.heads * arch.head_dim / tp,
                           batch_size * kv_tokens * kv_width * dtype_bytes, gpu, eff)
+    fc = 0.0
+    if arch.fc_inputs:  # a head's fc layer, once a pass: its weights and each token's input and output
+        fc = _roofline(2 * tokens * arch.fc_params / tp, arch.fc_params / tp * weight_bytes
+                       + tokens * (arch.fc_inputs + 1) * arch.hidden * dtype_bytes, gpu, eff)
     logit_rows = tokens if phase == "decode" and all_logits else batch_size
-    head_bytes = (arch.vocab * arch.hidden / tp + logit_rows * arch.vocab / tp + 2 * tokens * arch.hidden) * dtype_bytes
-    lm_head = _roofline(2 * logit_rows * arch.hidden * arch.vocab / tp, head_bytes, gpu, eff)
+    vocab = arch.lm_vocab  # a shared LM head is read all the same: sharing saves memory, not bandwidth
+    head_bytes = (vocab * arch.hidden / tp + logit_rows * vocab / tp + 2 * tokens * arch.hidden) * dtype_bytes
+    lm_head = _roofline(2 * logit_rows * arch.hidden * vocab / tp, head_bytes, gpu, eff)
     comm = 0.0
     if tp > 1:
         link = gpu.link_bandwidth * eff.link
         all_reduce = eff.collective_latency_s + 2 * (tp - 1) / tp * tokens * arch.hidden * dtype_bytes / link
-        gather = eff.collective_latency_s + (tp - 1) / tp * logit_rows * arch.vocab * dtype_bytes / link
+        gather = eff.collective_latency_s + (tp - 1) / tp * logit_rows * vocab * dtype_bytes / link
         comm = 2 * arch.num_layers * all_reduce + gather
-    return PassCost(linear_s=arch.num_layers * linear, attention_s=arch.num_layers * attention, lm_head_s=lm_head,
+    return PassCost(linear_s=arch.num_layers * linear + fc, attention_s=arch.num_layers * attention, lm_head_s=lm_head,
                     comm_s=comm, overhead_s=eff.overhead_fixed_s + eff.overhead_per_layer_s * arch.num_layers)
 
 
@@ -306,15 +411,16 @@ class Deployment:
 
 
 #: The shipped analytical profiles: a 7B pair on one GPU, a 70B pair on the fewest GPUs it fits
-#: (140 GB of bf16 weights: 4 x 80 GB, or 2 x 141 GB), verified multi-query; and the 7B pair verified by
-#: batch expansion (SmartSpec's engine).
+#: (140 GB of bf16 weights: 4 x 80 GB, or 2 x 141 GB), verified multi-query; the 7B pair verified by
+#: batch expansion (SmartSpec's engine); and Llama-3.1-8B on an H100 with its EAGLE-3 and EAGLE heads (the
+#: vLLM-calibrated versions of those are transfers: README, "Draft heads").
 DEPLOYMENTS = tuple(
     Deployment(gpu, target, draft, tp, verification)
     for gpu, tp70 in (("a100-80gb", 4), ("h100-80gb", 4), ("h200", 2))
     for target, draft, tp, verification in (("llama-2-7b", "llama-68m", 1, "multi-query"),
                                             ("llama-2-7b", "llama-68m", 1, "batch-expansion"),
                                             ("llama-3.1-70b", "llama-3.2-1b", tp70, "multi-query"))
-)
+) + tuple(Deployment("h100-80gb", "llama-3.1-8b", head, 1) for head in ("eagle3-llama-3.1-8b", "eagle-llama-3.1-8b"))
 
 #: Share of device memory usable (vLLM's gpu_memory_utilization default) and the activation reserve
 #: (GiB) when deciding whether a point's KV cache fits.
@@ -336,7 +442,8 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
                        eff: Efficiency = Efficiency()) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Rows and metadata of one analytical profile over ``grid``, leaving out points whose KV cache does not fit (:func:`kv_fits`)."""
     gpu, dtype_bytes = GPUS[dep.gpu_key], DTYPE_BYTES[dtype]
-    archs = {"target": Architecture.from_config(dep.target), "draft": Architecture.from_config(dep.draft)}
+    target = Architecture.from_config(dep.target, "--target")
+    archs = {"target": target, "draft": Architecture.from_config(dep.draft, "--draft", target)}
     tps = {"target": dep.tp, "draft": 1}
     wbytes = {"target": WEIGHT_BYTES[dep.weights], "draft": WEIGHT_BYTES[dep.draft_weights]}
     rows, skipped = [], 0
@@ -367,7 +474,8 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
         "target": {"config": dep.target, "num_layers": archs["target"].num_layers, "params": archs["target"].params,
                    "tensor_parallel": dep.tp, "weights": dep.weights},
         "draft": {"config": dep.draft, "num_layers": archs["draft"].num_layers, "params": archs["draft"].params,
-                  "tensor_parallel": 1, "weights": dep.draft_weights},
+                  "tensor_parallel": 1, "weights": dep.draft_weights, **archs["draft"].draft_meta(),
+                  **({"pricing": HEAD_PRICING} if archs["draft"].head else {})},
         "weights_note": "weight-only precision of the projections (embeddings, norms and LM head bf16); compute "
                         "bf16; KV in dtype",
         "gpu": asdict(gpu),
@@ -411,7 +519,8 @@ def fit_efficiency(measured: list[tuple[str, str, pd.DataFrame]], gpu_key: str =
 
     gpu, rows = GPUS[gpu_key], []
     for target, draft, frame in measured:
-        archs = {"target": Architecture.from_config(target), "draft": Architecture.from_config(draft)}
+        target_arch = Architecture.from_config(target)
+        archs = {"target": target_arch, "draft": Architecture.from_config(draft, "draft", target_arch)}
         for r in frame.itertuples():
             rows.append((archs[r.role], r.phase, int(r.batch_size), int(r.query_len), int(r.context_len),
                          float(r.seconds), f"{target}:{r.role}:{r.phase}"))
@@ -441,7 +550,8 @@ def main(argv: list[str]) -> int:
                         help="folder for the shipped profiles (default profiles/data), or with --gpu the CSV to write")
     parser.add_argument("--gpu", help=f"make one profile for this GPU ({', '.join(GPUS)}) instead of the shipped set")
     parser.add_argument("--target", default="llama-2-7b", help="target model config (shipped name or path)")
-    parser.add_argument("--draft", default="llama-68m", help="draft model config (shipped name or path)")
+    parser.add_argument("--draft", default="llama-68m", help="draft model config (shipped name or path), or a draft "
+                                                             "head's (eagle3-llama-3.1-8b, eagle-llama-3.1-8b, mtp)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the target (default 1)")
     parser.add_argument("--verification", default="multi-query", help=f"{' or '.join(VERIFICATIONS)}")
     parser.add_argument("--weights", default="bf16", help=f"target projection weights: {', '.join(WEIGHT_BYTES)} "

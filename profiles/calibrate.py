@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from policies.errors import UserError
+from policies.step_time import predict_step_seconds
 from profiles.analytical import GPUS, Deployment, Efficiency, analytical_profile
 from profiles.grid import Grid, powers_of_two
 from simulator.config import SimConfig
@@ -74,6 +75,10 @@ class Calibration:
     """CPU seconds per engine step and running sequence (scheduling, sampling, detokenizing)."""
     frontend_s: float = 2e-3
     """API-server seconds per request before the engine sees it."""
+    draft_pass_overhead_s: float | None = None
+    """Seconds per *draft* pass beyond its kernels, where the engine drafts otherwise than it runs the target (vLLM
+    V1's EAGLE proposer: on the device, inside the engine step; fitted by :func:`fit_draft_overhead`); None: the
+    same ``pass_overhead_s`` as every pass. Not fitted to serving results (they have no speculation)."""
 
     def efficiency(self) -> Efficiency:
         """The analytical model's efficiencies and per-pass overhead (its per-layer term folded into the fixed one)."""
@@ -210,6 +215,9 @@ def calibrated_profile(dep: Deployment, cal: Calibration, grid: Grid) -> tuple[p
     """The analytical profile of ``dep`` at ``cal``'s efficiencies over ``grid``, with the per-step CPU work as
     ``overhead`` rows (``step_per_seq_s`` x batch size) and the front end as a ``frontend`` row."""
     frame, meta = analytical_profile(dep, grid, eff=cal.efficiency())
+    if cal.draft_pass_overhead_s is not None:  # the overhead is one additive term of a pass (profiles.analytical)
+        draft = frame["role"] == "draft"
+        frame.loc[draft, "seconds"] = frame.loc[draft, "seconds"] + (cal.draft_pass_overhead_s - cal.pass_overhead_s)
     overhead = pd.DataFrame({"role": "target", "phase": "overhead", "batch_size": list(grid.batch_sizes),
                              "query_len": 0, "context_len": 0,
                              "seconds": [cal.step_per_seq_s * b for b in grid.batch_sizes]})
@@ -260,7 +268,7 @@ def calibrate(paths: Sequence[str], dep: Deployment, base: SimConfig, out: Path,
                   for r in results],
         "settings": {k: v for k, v in base.to_dict().items() if k in SETTINGS},
         "fitted": list(names),
-        "parameters": asdict(cal),
+        "parameters": parameters(cal),
         "parameter_units": {"compute": "fraction of peak FLOP/s", "bandwidth": "fraction of peak HBM bytes/s",
                             "pass_overhead_s": "s per pass", "step_per_seq_s": "s per step and sequence",
                             "frontend_s": "s per request"},
@@ -284,12 +292,21 @@ SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_
             "num_scheduler_steps", "cuda_graph_sizes", "enable_prefix_caching", "num_gpu_blocks")
 
 
-def transfer(source: str, dep: Deployment, out: Path) -> Calibration:
+def parameters(cal: Calibration) -> dict[str, float]:
+    """``cal``'s numbers as the metadata records them (``draft_pass_overhead_s`` only where set)."""
+    return {k: v for k, v in asdict(cal).items() if v is not None}
+
+
+def transfer(source: str, dep: Deployment, out: Path, draft: dict[str, Any] | None = None) -> Calibration:
     """Write ``dep``'s profile with the parameters of the calibrated profile ``source`` (another GPU or model): the
     efficiencies are fractions of a datasheet and the overheads host-side seconds, so they carry over while the
     roofline moves with the datasheet and the architecture. A transfer, not a fit: the metadata says so and keeps
-    the source's calibration block."""
+    the source's calibration block. ``draft``: the fit of the draft's per-pass overhead
+    (:func:`fit_draft_overhead`'s block, its ``draft_pass_overhead_s`` applied and the block
+    recorded as ``draft_calibration``)."""
     cal = read_start(source, "--transfer-from")
+    if draft is not None:
+        cal = replace(cal, draft_pass_overhead_s=draft["draft_pass_overhead_s"])
     frame, meta = calibrated_profile(dep, cal, CALIBRATION_GRID)
     origin = json.loads(_meta_of(source).read_text())["calibration"]
     fitted_on = len(origin.get("files", []))
@@ -301,6 +318,9 @@ def transfer(source: str, dep: Deployment, out: Path) -> Calibration:
                                        f"vLLM result files) moved to {dep.tp} x {dep.gpu_key}, {dep.target} + "
                                        f"{dep.draft} by the datasheet and the architecture; no result of this "
                                        "deployment was fitted"}
+    if draft is not None:
+        meta["calibration"]["parameters"] = parameters(cal)
+        meta["calibration"]["draft_calibration"] = draft
     meta["efficiency_source"] = f"transferred from {Path(source).name} (profiles/calibrate.py transfer)"
     write_profile(frame, meta, out)
     return cal
@@ -310,6 +330,104 @@ def _meta_of(path: str) -> Path:
     p = Path(path)
     return p.with_name(p.stem + ".meta.json") if p.suffix.lower() == ".csv" else p
 
+
+# -- a draft head's per-pass overhead, fitted to published single-sequence runs ------------------------------
+#: Columns of a table of published single-sequence runs (profiles/data/vllm_eagle/): the head's config name (``none``:
+#: no speculation), vLLM's ``num_speculative_tokens`` k, the mean acceptance length (bonus included) and TPOT (ms).
+TABLE_COLUMNS = ("draft", "num_speculative_tokens", "acceptance_length", "tpot_ms")
+#: Tokens in the KV cache at every step (MT-Bench: a prompt of about 170 tokens with its chat template, answers of
+#: up to 256).
+CONTEXT_LEN = 300
+
+
+def read_table(path: str) -> pd.DataFrame:
+    """The table (:data:`TABLE_COLUMNS`), checked: k >= 0 whole, 1 <= AL <= k + 1, TPOT > 0; one line per problem."""
+    try:
+        table = pd.read_csv(path)
+    except FileNotFoundError:
+        raise UserError(f"--fit-draft-to {path}: file not found") from None
+    except (OSError, ValueError, pd.errors.ParserError) as exc:
+        raise UserError(f"--fit-draft-to {path}: not a CSV table ({exc})".splitlines()[0]) from None
+    missing = [c for c in TABLE_COLUMNS if c not in table.columns]
+    if missing:
+        raise UserError(f"--fit-draft-to {path}: missing column {missing[0]!r} (needs {', '.join(TABLE_COLUMNS)})")
+    for i, row in table.iterrows():
+        k, al, tpot = row["num_speculative_tokens"], row["acceptance_length"], row["tpot_ms"]
+        if not (float(k).is_integer() and k >= 0) or not 1 <= al <= k + 1 or not tpot > 0:
+            raise UserError(f"--fit-draft-to {path}: row {i + 2}: needs a whole k >= 0, 1 <= acceptance_length <= k + 1 "
+                            f"and tpot_ms > 0 (got k {k}, acceptance_length {al}, tpot_ms {tpot})")
+    return table
+
+
+def head_cost_model(dep: Deployment, cal: Calibration) -> CostModel:
+    """The simulator's cost model of ``dep`` at ``cal`` (the calibrated profile as written, ``interp`` fitter)."""
+    frame, meta = calibrated_profile(dep, cal, CALIBRATION_GRID)
+    return fit_cost_model(ProfileTable(frame=frame, meta=meta, path=f"{dep.target} + {dep.draft}"), "interp")
+
+
+def simulated_tpot_ms(cost: CostModel, k: int, acceptance_length: float) -> float:
+    """TPOT (ms) of one request served alone: step(k) / AL (module docstring)."""
+    return predict_step_seconds(cost, [CONTEXT_LEN], [int(k)], True) / acceptance_length * 1e3
+
+
+def fit_draft_overhead(source: str, dep: Deployment, path: str) -> dict[str, Any]:
+    """Fit ``h`` for ``dep``'s head to ``path``'s rows of ``dep.draft``, starting from the calibrated profile
+    ``source``; return the metadata block: the fitted ``draft_pass_overhead_s``, the source table, and the fitted and
+    held-out rows (published and simulated TPOT, relative error).
+
+    The per-pass overhead of a draft head's passes, fitted to published single-sequence speculative runs of vLLM.
+
+    Why: a target's calibration (:mod:`profiles.calibrate`) fits vLLM serving results without speculation, and its
+    ``pass_overhead_s`` (2.6 ms for Llama-3.1-8B on an H100) is what vLLM v0 paid around every forward pass. vLLM V1
+    drafts an EAGLE head on the device, its k passes inside one engine step, so a head pass pays far less than a target
+    step; priced at 2.6 ms a pass, EAGLE would never pay, against vLLM's own measurements.
+
+    What: at batch size 1 a speculative step of k draft passes and one verification pass lasts (DESIGN.md's step)
+
+        step(k) = sum_{j=1..k} draft(1, c + j - 1) + target(1, k + 1, c) + overhead(1)
+
+    and vLLM's TPOT of a request served alone is step(k) / AL(k), AL the mean acceptance length (bonus token included),
+    which the published runs report beside the TPOT. Every draft pass carries the same overhead ``h``
+    (``Calibration.draft_pass_overhead_s``), so step(k) = step_0(k) + k h, step_0 its kernels by the roofline; ``h``
+    minimises the squared log ratios of simulated over published TPOT over the rows of the profile's head (a bounded
+    scalar search between 0 and the target's ``pass_overhead_s``). The rows of other heads (their own architecture, the
+    same ``h``) and the row without speculation (k = 0: the target's calibration alone) are held out and predicted.
+
+    Approximations: every step at one context length (:data:`CONTEXT_LEN`, an MT-Bench prompt and half an answer); TPOT as
+    the mean step over AL (vLLM divides the time after the first token by the tokens after it: the same at batch 1 but
+    for the last step's unused tokens).
+    """
+    from scipy.optimize import minimize_scalar
+
+    table = read_table(path)
+    cal = read_start(source, "--transfer-from")
+    mine = table[(table["draft"] == dep.draft) & (table["num_speculative_tokens"] > 0)]
+    if mine.empty:
+        raise UserError(f"--fit-draft-to {path}: no row with draft {dep.draft!r} and k > 0 to fit (--draft)")
+    # step(k) = step_0(k) + k h exactly (h one additive term of every draft pass): the search prices step_0 once
+    base = head_cost_model(dep, replace(cal, draft_pass_overhead_s=0.0))
+    step0 = [simulated_tpot_ms(base, k, 1.0) / 1e3 for k in mine["num_speculative_tokens"]]
+
+    def loss(h: float) -> float:
+        return sum(math.log((s + k * h) / al / (t / 1e3)) ** 2 for s, k, al, t in
+                   zip(step0, mine["num_speculative_tokens"], mine["acceptance_length"], mine["tpot_ms"]))
+
+    h = float(minimize_scalar(loss, bounds=(0.0, cal.pass_overhead_s), method="bounded",
+                              options={"xatol": 1e-7}).x)
+    fitted = replace(cal, draft_pass_overhead_s=h)
+    rows = []
+    for draft, group in table.groupby("draft", sort=False):
+        head = dep if draft in ("none", dep.draft) else replace(dep, draft=str(draft))
+        cost = head_cost_model(head, fitted)
+        for _, row in group.iterrows():
+            simulated = simulated_tpot_ms(cost, row["num_speculative_tokens"], row["acceptance_length"])
+            rows.append({"draft": str(draft), "k": int(row["num_speculative_tokens"]),
+                         "acceptance_length": float(row["acceptance_length"]), "tpot_ms": float(row["tpot_ms"]),
+                         "simulated_tpot_ms": simulated, "relative_error": simulated / row["tpot_ms"] - 1,
+                         "held_out": not (draft == dep.draft and row["num_speculative_tokens"] > 0)})
+    return {"draft_pass_overhead_s": h, "table": Path(path).name, "context_len": CONTEXT_LEN,
+            "method": "bounded least squares of log TPOT over the head's rows (profiles/calibrate.py, fit_draft_overhead)",
+            "rows": rows}
 
 #: The flag help of the settings vLLM spells otherwise.
 SETTING_HELP = {
@@ -324,7 +442,9 @@ def read_start(path: str, flag: str = "--start") -> Calibration:
     """The parameters of an earlier calibration's ``.meta.json`` (or its profile CSV); ``flag`` names the input."""
     try:
         params = json.loads(_meta_of(path).read_text())["calibration"]["parameters"]
-        return Calibration(**{k: float(params[k]) for k in PARAMETERS})
+        draft = params.get("draft_pass_overhead_s")
+        return Calibration(**{k: float(params[k]) for k in PARAMETERS},
+                           draft_pass_overhead_s=None if draft is None else float(draft))
     except FileNotFoundError:
         raise UserError(f"{flag} {path}: file not found (a calibrated profile .csv with its .meta.json)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -339,6 +459,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--transfer-from", metavar="PROFILE", help="fit nothing: write the deployment's profile with "
                                                                    "this calibrated profile's parameters (another GPU "
                                                                    "or model; the roofline moves by the datasheet)")
+    parser.add_argument("--fit-draft-to", metavar="TABLE", help="with --transfer-from: fit the draft's per-pass "
+                        "overhead to published single-sequence runs of --draft (CSV: draft, num_speculative_tokens, "
+                        "acceptance_length, tpot_ms; profiles/data/vllm_eagle/); the other drafts' rows held out")
     parser.add_argument("--gpu", required=True, help=f"the deployment's GPU: {', '.join(GPUS)}")
     parser.add_argument("--target", required=True, help="the served model's config (a shipped name such as "
                                                         "llama-3.1-8b, or a config.json path)")
@@ -371,11 +494,20 @@ def main(argv: list[str]) -> int:
     out = Path(args.out)
     if out.suffix.lower() != ".csv":
         raise UserError(f"--out {out}: the profile is a .csv (its .meta.json is written beside it)")
+    if args.fit_draft_to and not args.transfer_from:
+        raise UserError("--fit-draft-to: needs --transfer-from (the target's calibrated profile)")
     if args.transfer_from:
         if args.results:
             raise UserError("calibrate --transfer-from fits nothing: give no result files with it")
-        cal = transfer(args.transfer_from, dep, out)
-        print("parameters (transferred): " + ", ".join(f"{k} {v:.4g}" for k, v in asdict(cal).items()))
+        draft = None
+        if args.fit_draft_to:
+            draft = fit_draft_overhead(args.transfer_from, dep, args.fit_draft_to)
+            for row in draft["rows"]:
+                print(f"{row['draft']:>22} k={row['k']}: TPOT {row['tpot_ms']:.2f} ms published, "
+                      f"{row['simulated_tpot_ms']:.2f} simulated ({row['relative_error']:+.1%}"
+                      f"{', held out' if row['held_out'] else ''})")
+        cal = transfer(args.transfer_from, dep, out, draft)
+        print("parameters (transferred): " + ", ".join(f"{k} {v:.4g}" for k, v in parameters(cal).items()))
         print(f"profile: {out}")
         return 0
     if not args.results:

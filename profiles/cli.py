@@ -14,9 +14,13 @@ Profile the real serving engine's own passes (:mod:`profiles.engine_profile`; CP
 
     run_sim.py profile --engine --pair smollm2 --out profiles/data/cpu__smollm2-135m__smollm2-draft.csv
 
-Measure the acceptance of the real pair on the shipped prompts (:mod:`profiles.acceptance`)::
+Measure the acceptance of the real pair on the shipped prompts (:mod:`profiles.acceptance`), and by depth and rank
+for token trees, of the draft model or the EAGLE head::
 
     run_sim.py profile --acceptance --pair smollm2 --k 5 --out profiles/data/acceptance__smollm2.csv
+    run_sim.py profile --acceptance --pair smollm2 --speculative-method eagle --k 5 \\
+        --out profiles/data/acceptance__smollm2-eagle.csv \\
+        --acceptance-by-rank profiles/data/acceptance_by_rank__smollm2-eagle.csv
 
 Bad input raises :class:`UserError` (one line; exit status 2).
 """
@@ -63,7 +67,9 @@ def build_parser() -> _Parser:
     p.add_argument("--report", metavar="PROFILE", help="print the cost model's held-out fit of this profile")
     p.add_argument("--plot", metavar="PNG", help="with --report: plot measured vs fitted seconds")
     p.add_argument("--target", help="target model: a shipped name (profiles/models) or a config.json path")
-    p.add_argument("--draft", help="draft model (optional): a shipped name or a config.json path")
+    p.add_argument("--draft", help="draft model (optional): a shipped name or a config.json path; or a draft head's "
+                                   "config (eagle3-llama-3.1-8b, eagle-llama-3.1-8b, mtp: random weights, eager "
+                                   "forward), its rows the draft's")
     p.add_argument("--out", help="profile CSV to write (its metadata goes beside it, <stem>.meta.json)")
     p.add_argument("--batch-sizes", help=f"sequences per pass (default {_csv(GPU_GRID.batch_sizes)})")
     p.add_argument("--query-lens", help=f"target verify tokens per sequence, k+1 (default {_csv(GPU_GRID.query_lens)})")
@@ -108,7 +114,19 @@ def build_parser() -> _Parser:
     real.add_argument("--pair", default="smollm2", help="models: smollm2 (SmolLM2-135M-Instruct + its draft), tiny, "
                                                         "or TARGET+DRAFT model configs with random weights (--engine; "
                                                         "--device, --dtype and --forward apply)")
-    real.add_argument("--draft-path", help="folder of the draft (default: profiles/data/smollm2-draft)")
+    real.add_argument("--draft-path", help="folder of the draft (default: profiles/data/smollm2-draft) or, with "
+                                           "--speculative-method eagle, of the head (default "
+                                           "profiles/data/smollm2-eagle)")
+    real.add_argument("--speculative-method", default="draft_model",
+                      help="--acceptance: who drafts, vLLM's method name: draft_model (the pair's draft model) or "
+                           "eagle (its EAGLE head, profiles/train_head.py); default draft_model")
+    real.add_argument("--acceptance-by-rank", metavar="FILE",
+                      help="--acceptance: also write the acceptance by depth and rank (CSV depth,rank,probability: "
+                           "the probability that the target's token at depth d is the drafter's rank-r candidate "
+                           "given the path above was accepted; greedy, depths 1..--k, ranks 0..--topk - 1), which the "
+                           "simulator's --acceptance-by-rank reads")
+    real.add_argument("--topk", type=int, default=4,
+                      help="--acceptance-by-rank: candidates measured per depth (ranks 0..topk-1; default 4)")
     real.add_argument("--prefill-batch-sizes", help="--engine: prefill batch sizes (default 1,2,4,8)")
     real.add_argument("--rounds", type=int, default=9, help="--engine: passes over the whole grid")
     real.add_argument("--spread", type=float, default=0.5,
@@ -160,14 +178,25 @@ def real_engine(args: argparse.Namespace) -> int:
 
     kind = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     device = forward.setup_device(kind, args.threads or 1)
+    from policies.draft_head import method_name
+
+    args.speculative_method = method_name(args.speculative_method, "--speculative-method")  # SGLang's names too
     pair = load_pair(args.pair, args.draft_path, device=device,
-                     dtype=args.dtype if device.type == "cuda" or "+" in args.pair else "fp32")
+                     dtype=args.dtype if device.type == "cuda" or "+" in args.pair else "fp32",
+                     method=args.speculative_method if args.acceptance else "draft_model")
     if args.acceptance:
         from profiles.acceptance import fit_report, measure_acceptance, write_trace
 
-        result = measure_acceptance(pair, args.k, args.output_len, args.max_num_seqs, args.temperature, args.seed)
+        result = measure_acceptance(pair, args.k, args.output_len, args.max_num_seqs, args.temperature, args.seed,
+                                    args.speculative_method)
         write_trace(result, args.out)
         print(fit_report(args.out))
+        if args.acceptance_by_rank:
+            from profiles.acceptance import measure_rank_acceptance, rank_report, write_rank_table
+
+            table, reached = measure_rank_acceptance(pair, args.speculative_method, args.k, args.topk, args.output_len)
+            write_rank_table(table, args.acceptance_by_rank)
+            print(rank_report(table, reached, args.acceptance_by_rank))
         return 0
     from profiles.engine_profile import (CPU_GRID, CPU_PREFILL_BATCH_SIZES, CPU_TIMING, EngineProfileSettings,
                                          profile_engine)

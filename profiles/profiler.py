@@ -21,6 +21,11 @@ free memory, or that runs out of memory anyway, is reported in one line and skip
 the output CSV as they are measured, so an interrupted run resumes where it stopped; at the end the CSV
 and its metadata are rewritten atomically.
 
+Draft heads: with ``draft`` a head's config (EAGLE, EAGLE-3, MTP; :mod:`profiles.models.config`), the draft rows are
+the head's passes over the target's hidden states (:mod:`profiles.models.draft_head`, random weights, eager forward
+only): decode, its layer over ``context_len`` cached tokens of its own (one layer's KV); prefill, its layer over the
+prompt (what an engine runs after the target's prefill). The metadata's ``draft`` says which head it is.
+
 Layer scaling (a target too large for the device): with ``scale_layers = (n1, n2)`` the target is
 measured cut to ``n1`` and ``n2`` layers and each point extrapolated linearly in the layer count,
 ``t(N) = t(n1) + (N - n1) (t(n2) - t(n1)) / (n2 - n1)`` (fixed cost + per-layer cost). ``check_scaling``
@@ -145,7 +150,7 @@ def pass_memory_bytes(arch: Architecture, dtype_bytes: int, point: Point) -> flo
     kv = tokens * arch.kv_bytes_per_token(dtype_bytes) * (1 + 1 / arch.num_layers)
     width = 4 * arch.hidden + 3 * arch.intermediate + (arch.heads + 2 * arch.kv_heads) * arch.head_dim
     activations = b * q * width * dtype_bytes + b * arch.heads * q * (ctx + q) * dtype_bytes
-    logits = b * (1 if point.phase == "prefill" else q) * arch.vocab * dtype_bytes
+    logits = b * (1 if point.phase == "prefill" else q) * arch.lm_vocab * dtype_bytes
     return 1.2 * (kv + activations + logits) + 64 * 2 ** 20
 
 
@@ -383,10 +388,16 @@ def run_profile(settings: ProfileSettings, log: Callable[[str], None] | None = N
 
 
 def _architectures(settings: ProfileSettings) -> dict[str, Architecture]:
-    """Each role's architecture at the depth its rows describe (``num_layers`` if given, else the config's)."""
-    full = {r: Architecture.from_config(getattr(settings, r), f"--{r}") for r in settings.roles()}
+    """Each role's architecture at the depth its rows describe (``num_layers`` if given, else the config's; a draft
+    head keeps its own)."""
+    full = {"target": Architecture.from_config(settings.target, "--target")}
+    if settings.draft:
+        full["draft"] = Architecture.from_config(settings.draft, "--draft", full["target"])
+        if full["draft"].head is not None and settings.forward != "eager":
+            raise UserError(f"--forward {settings.forward}: a draft head ({full['draft'].head}) is timed on the eager "
+                            "forward only; give --forward eager")
     if settings.num_layers is not None:
-        full = {r: a.with_layers(settings.num_layers) for r, a in full.items()}
+        full = {r: a if a.head else a.with_layers(settings.num_layers) for r, a in full.items()}
     if settings.scale_layers is not None and settings.scale_layers[1] > full["target"].num_layers:
         raise UserError(f"--scale-layers: N2 must be <= the target's {full['target'].num_layers} layers "
                         f"(got {settings.scale_layers[1]})")
@@ -399,6 +410,13 @@ def _variants(settings: ProfileSettings, full: dict[str, Architecture], forward:
     (and whole, for the scaling check)."""
     out = {}
     for role, arch in full.items():
+        if arch.head is not None:  # random weights always: a head's real weights are not loaded here
+            from profiles.models.draft_head import build_head
+
+            config = forward.load_config(settings.target, "--target", arch.num_layers)
+            out[role] = [Variant(f"{role}@{arch.num_layers}", arch,
+                                 build_head(arch, config, settings.dtype, device, settings.seed))]
+            continue
         depths = [arch.num_layers]
         if role == "target" and settings.scale_layers is not None:
             depths = list(settings.scale_layers) + ([arch.num_layers] if settings.check_scaling else [])
@@ -420,7 +438,8 @@ def _model_meta(settings: ProfileSettings, full: dict[str, Architecture], device
         spec = getattr(settings, role)
         meta[role] = {"config": spec, "config_file": str(resolve_model_config(spec, f"--{role}")),
                       "num_layers": arch.num_layers, "params": arch.params,
-                      "weights": str(_weights_dir(settings, role) or "random")}
+                      "weights": "random" if arch.head else str(_weights_dir(settings, role) or "random"),
+                      **arch.draft_meta()}
         memory[f"{role}_weight_gb"] = arch.weight_bytes(dtype_bytes) / GIB
         memory[f"{role}_kv_bytes_per_token"] = arch.kv_bytes_per_token(dtype_bytes)
     meta["memory"] = memory

@@ -30,60 +30,25 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from profiles.acceptance import agreement_bits, greedy_acceptance
-from profiles.serving.engine import StepRunner, draw
-from profiles.serving.kv import PaddedBatch
-from profiles.models.pairs import (DRAFT_DIR, DRAFT_WEIGHTS, PROMPT_KINDS, draft_config, encode_prompts, load_target,
-                                  new_draft, own_state_dict, read_prompts, tokenizer_fingerprint)
+from profiles.serving.generate import generate
+from profiles.models.drafts import copy_layer, draft_config, new_draft, own_state_dict
+from profiles.models.pairs import (DRAFT_DIR, DRAFT_WEIGHTS, PROMPT_KINDS, encode_prompts, load_target, read_prompts,
+                                  tokenizer_fingerprint)
 from policies.errors import UserError
 from simulator.costs.profile_table import write_atomic
 
 
-def generate(model: Any, prompts: list[list[int]], gen_len: int, batch_size: int, top: int,
-             rng: np.random.Generator | None) -> tuple[list[list[int]], list[torch.Tensor], list[torch.Tensor]]:
-    """``gen_len`` tokens after each prompt, batched through the engine's passes: drawn at temperature 1 from
-    ``rng``, or greedy when it is None. Returns the tokens, and per prompt the ``top`` most likely token ids
-    and their probabilities at each generated position."""
-    runner = StepRunner(model, None, 1.0, rng)
-    tokens, top_ids, top_probs = [], [], []
-    for start in range(0, len(prompts), batch_size):
-        cache = PaddedBatch(model)
-        logits = runner.prefill(cache, prompts[start:start + batch_size])
-        answers: list[list[int]] = [[] for _ in range(len(logits))]
-        ids, probs = [], []
-        for step in range(gen_len):
-            p = torch.softmax(logits.double(), dim=-1)
-            best = torch.topk(p, top, dim=-1)
-            ids.append(best.indices)
-            probs.append(best.values.float())
-            nxt = p.argmax(dim=-1).tolist() if rng is None else [draw(row, rng) for row in p.numpy()]
-            for answer, token in zip(answers, nxt):
-                answer.append(token)
-            if step < gen_len - 1:
-                logits = cache.extend([[t] for t in nxt], all_logits=False)
-        tokens += answers
-        top_ids += list(torch.stack(ids, dim=1))
-        top_probs += list(torch.stack(probs, dim=1))
-    return tokens, top_ids, top_probs
-
-
 def init_from_target(draft: Any, target: Any) -> None:
     """Copy the target's first layers (MLP cut to the draft's width) and final norm into the draft."""
-    width = draft.config.intermediate_size
+    for mine, theirs in zip(draft.model.layers, target.model.layers):
+        copy_layer(mine, theirs)
     with torch.no_grad():
-        for mine, theirs in zip(draft.model.layers, target.model.layers):
-            for name, param in mine.named_parameters():
-                source = theirs.get_parameter(name)
-                if name.endswith(("gate_proj.weight", "up_proj.weight")):
-                    source = source[:width]
-                elif name.endswith("down_proj.weight"):
-                    source = source[:, :width]
-                param.copy_(source)
         draft.model.norm.weight.copy_(target.model.norm.weight)
 
 
@@ -94,20 +59,32 @@ def distill(draft: Any, sequences: list[list[int]], prompt_lens: list[int], top_
     params = [p for name, p in draft.named_parameters() if not name.startswith(("model.embed_tokens", "lm_head"))]
     for name, p in draft.named_parameters():
         p.requires_grad_(not name.startswith(("model.embed_tokens", "lm_head")))
+    draft.train()
+    figures = train_loop(params, len(sequences), lambda b: _batch_loss(
+        draft, [sequences[i] for i in b], [prompt_lens[i] for i in b], [top_ids[i] for i in b],
+        [top_probs[i] for i in b]), epochs, batch_size, lr, max_seconds, seed, log)
+    draft.eval().requires_grad_(False)
+    return figures
+
+
+def train_loop(params: list[torch.nn.Parameter], items: int, batch_loss: Callable[[np.ndarray], torch.Tensor],
+               epochs: int, batch_size: int, lr: float, max_seconds: float, seed: int,
+               log: Any = print) -> dict[str, Any]:
+    """Minimise ``batch_loss(indices)`` over batches of ``batch_size`` of ``items`` items (a seeded permutation per
+    epoch): AdamW, linear warm-up over the first 5% of steps then cosine decay, gradients clipped to norm 1, for
+    ``epochs`` passes or until ``max_seconds``; returns training figures (loss per epoch, steps, seconds)."""
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     order_rng = np.random.default_rng(seed)
-    steps_per_epoch = math.ceil(len(sequences) / batch_size)
+    steps_per_epoch = math.ceil(items / batch_size)
     total = epochs * steps_per_epoch
     warmup = max(1, total // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total)))
-    draft.train()
     start, step, losses = time.monotonic(), 0, []
     for epoch in range(epochs):
         epoch_losses = []
-        for b in np.array_split(order_rng.permutation(len(sequences)), steps_per_epoch):
-            loss = _batch_loss(draft, [sequences[i] for i in b], [prompt_lens[i] for i in b],
-                               [top_ids[i] for i in b], [top_probs[i] for i in b])
+        for b in np.array_split(order_rng.permutation(items), steps_per_epoch):
+            loss = batch_loss(b)
             optimizer.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -121,7 +98,6 @@ def distill(draft: Any, sequences: list[list[int]], prompt_lens: list[int], top_
         log(f"epoch {epoch + 1}: loss {losses[-1]:.4f} ({time.monotonic() - start:.0f} s)")
         if time.monotonic() - start > max_seconds:
             break
-    draft.eval().requires_grad_(False)
     return {"epochs_run": len(losses), "steps": step, "loss_per_epoch": [round(x, 4) for x in losses],
             "train_seconds": round(time.monotonic() - start, 1)}
 

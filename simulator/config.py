@@ -18,8 +18,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from policies.draft_head import SPECULATIVE_METHODS, method_name, proposer_of
 from policies.errors import UserError, require
 from policies.protocol import PROPOSERS
+from policies.tree import TreeShape, tree_nodes
 
 #: The simulator's default profile: the example shipped with the package, used when ``--profile`` is not given
 #: (the validation has its own default, a measured CPU profile).
@@ -28,12 +30,19 @@ DEFAULT_SIM_PROFILE = str(Path(__file__).resolve().parent.parent / "profiles" / 
 ARRIVALS = ("poisson", "gamma", "trace")
 LENGTH_DISTS = ("fixed", "file", "lognormal")
 SCHEDULERS = ("prefill-first", "chunked-prefill")
-ACCEPTANCE_MODELS = ("constant", "beta", "position", "replay")
-FITTERS = ("linear", "interp")
+ACCEPTANCE_MODELS = ("constant", "beta", "position", "replay", "by-rank")
+#: Token trees' rank model by default: P(the target's token is the draft's rank r | not its rank 0), r = 1..4. An
+#: ASSUMPTION, not a measurement (no public figure found for a draft model's ranks beyond the first); replace it with
+#: ``--acceptance-ranks`` or a measured table (``--acceptance-by-rank``, written by ``profile --acceptance``).
+DEFAULT_ACCEPTANCE_RANKS = (0.4, 0.2, 0.1, 0.05)
+FITTERS = ("auto", "linear", "interp")
 #: vLLM's ``--goodput`` metrics.
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 #: Router policies of a fleet (the registry is :data:`simulator.fleet.routers.ROUTERS`, checked against this on import).
 ROUTER_NAMES = ("round-robin", "least-outstanding", "power-of-two", "session", "prefix-aware")
+#: Links that carry the KV cache between disaggregated prefill and decode instances (the registry with their figures
+#: is :data:`simulator.fleet.disagg.KV_LINKS`, checked against this on import).
+KV_LINK_NAMES = ("nvlink", "infiniband", "infiniband-hdr", "ethernet")
 
 
 @dataclass(frozen=True)
@@ -57,7 +66,9 @@ class SimConfig:
     """Stop generating arrivals after this many seconds of simulated time (> 0; ``None``: no limit)."""
     trace: str | None = None
     """Trace file (only with ``arrival=trace``): Azure LLM 2023 CSV or plain ``arrival_time,prompt_tokens,output_tokens``
-    (seconds, tokens)."""
+    (seconds, tokens), or Mooncake's JSON lines (a ``.jsonl`` file: ``timestamp`` ms, ``input_length``,
+    ``output_length`` and ``hash_ids``, the content ids of the prompt's 512-token blocks, which prefix caching keys
+    blocks by)."""
     trace_speedup: float | None = None
     """Divide a trace's inter-arrival times by this factor, > 0 (exclusive with ``rate`` for traces)."""
     length_dist: str = "fixed"
@@ -115,7 +126,8 @@ class SimConfig:
     engine, e.g. this project's, which captures every shape it meets)."""
     enable_prefix_caching: bool = False
     """vLLM's ``--enable-prefix-caching``: a request's leading full KV blocks whose content is already cached (a
-    prompt seen before: the same ``prompt_id`` of a trace, or the same row of a length file) skip prefill; cached
+    prompt seen before: the same ``prompt_id`` of a trace, the same leading ``hash_ids`` of a Mooncake trace, or the
+    same row of a length file) skip prefill; cached
     blocks of finished requests stay until their room is needed (least recently used first). The summary reports
     the hit rate."""
 
@@ -127,30 +139,85 @@ class SimConfig:
     replicas: int = 1
     """Identical engine replicas behind a router (> 0; :mod:`simulator.fleet`), each with its own scheduler, KV cache
     and policy; 1: one engine, today's results bit for bit. The run folder gains ``replicas.csv`` (per replica) and
-    the summary ``replicas`` and ``load_balance_*``."""
+    the summary ``replicas`` and ``load_balance_*``. On the command line, a comma list of profiles instead of a count
+    makes a mixed fleet (``replica_profiles``)."""
+    replica_profiles: tuple[str, ...] = ()
+    """A mixed fleet: one replica per entry, each with that profile's cost model and KV blocks (a profile file, or the
+    name of one in profiles/data/ without its suffix, e.g. h100-80gb-vllm__llama-3.1-8b__llama-3.2-1b). ``--replicas
+    A,B`` sets it (and ``replicas`` to its length). Kept sorted, so the order of the list changes nothing; the
+    replicas are numbered in that order. Empty: ``replicas`` identical replicas of ``profile``."""
     router: str = "round-robin"
     """Router of a fleet (``replicas`` > 1): ``round-robin``, ``least-outstanding`` (fewest requests routed and not
     finished), ``power-of-two`` (the less loaded of two drawn at random), ``session`` (sticky by prompt id) or
     ``prefix-aware`` (longest cached prefix, balanced against load; needs ``enable_prefix_caching``)."""
+    prefill_replicas: int = 0
+    """Disaggregated prefill and decode (:mod:`simulator.fleet.disagg`; Splitwise, DistServe): this many prefill
+    instances (>= 0), which only prefill, emit the first token and send the request's KV cache to one of the
+    ``decode_replicas`` decode instances. Both > 0: disaggregated; both 0: off. The run folder's ``replicas.csv`` has a
+    row per instance (role prefill or decode)."""
+    decode_replicas: int = 0
+    """Decode instances of disaggregated serving (>= 0; > 0 with ``prefill_replicas``): each receives requests with
+    their KV cache (the draft's too when a draft model speculates) and decodes them with the configured policy."""
+    prefill_router: str = "least-outstanding"
+    """Router to the prefill instances (disaggregated serving), one of ``router``'s names."""
+    decode_router: str = "least-outstanding"
+    """Router to the decode instances, chosen when a prefill completes (disaggregated serving): one of ``router``'s
+    names but ``prefix-aware`` (decode instances keep no prefix cache)."""
+    kv_link: str = "nvlink"
+    """Link that carries the KV cache from a prefill to a decode instance (disaggregated serving), per GPU:
+    ``nvlink`` (NVLink 4, 450 GB/s per direction), ``infiniband`` (NDR, 50 GB/s), ``infiniband-hdr`` (HDR, 25 GB/s),
+    ``ethernet`` (100 GbE, 12.5 GB/s). A transfer takes latency + bytes / (bandwidth x GPUs per instance); one prefill
+    instance sends one transfer at a time."""
+    kv_link_bandwidth: float | None = None
+    """KV link bandwidth per GPU and direction, GB/s (1e9 bytes/s, > 0); ``None``: ``kv_link``'s datasheet figure."""
+    kv_link_latency: float | None = None
+    """KV link latency per transfer, seconds (>= 0); ``None``: ``kv_link``'s figure."""
 
     # --- speculation ----------------------------------------------------------------------------
     policy: str = "no-spec"
     """Speculation policy: ``no-spec``, ``fixed-k``, ``threshold`` (vLLM's disable-by-batch-size), ``goodput``
-    (SmartSpec), or a name a ``policy_file`` registers."""
+    (SmartSpec), ``vllm-batch-table`` (vLLM's num_speculative_tokens_per_batch_size: ``--policy-param
+    table=1:5,8:3,32:1,64:0``), ``sglang-adaptive`` (SGLang's --speculative-adaptive tiers 1,3,7: needs ``--k 7``),
+    or a name a ``policy_file`` registers."""
     k: int = 4
     """Proposal length, tokens in [0, 64], for ``fixed-k`` and the upper bound (K_max) for adaptive policies (vLLM's
-    ``num_speculative_tokens``; ``--num-speculative-tokens`` is the same flag)."""
+    ``num_speculative_tokens``; ``--num-speculative-tokens`` is the same flag). With a token tree, k counts tree nodes:
+    at most the tree's nodes (on the command line it defaults to them, as vLLM's num_speculative_tokens is the tree's
+    size); a policy's k verifies the k-node subtree of highest expected acceptance."""
     policy_params: tuple[tuple[str, Any], ...] = ()
     """Extra policy parameters as (name, value) pairs; given on the command line as ``--policy-param name=value``."""
     policy_file: str | None = None
     """A Python file that registers user policies; loaded before ``policy`` is looked up."""
     proposer: str = "draft"
-    """Proposer: ``draft`` (a draft model, k sequential draft passes) or ``ngram`` (prompt lookup, no draft pass)."""
+    """Proposer: ``draft`` (a draft model or draft head, k sequential draft passes) or ``ngram`` (prompt lookup, no
+    draft pass)."""
+    speculative_method: str | None = None
+    """vLLM's speculative method (``--speculative-config`` ``method``): ``draft_model`` (a draft model), ``eagle``,
+    ``eagle3`` or ``mtp`` (a draft head on the target's hidden states, its passes priced by the profile's draft rows,
+    which must be that head's) or ``ngram``; SGLang's ``--speculative-algorithm`` names (STANDALONE, EAGLE, EAGLE3,
+    MTP, NGRAM; the same flag) are taken as vLLM's. ``None``: as ``proposer`` says (draft_model or ngram). Given
+    alone it sets ``proposer`` (ngram: ngram, the others: draft); given with a contradicting ``proposer``, an error."""
     ngram_match_prob: float = 0.5
     """n-gram proposer: probability in [0, 1] that the lookup finds a continuation at a step."""
+    speculative_token_tree: str | None = None
+    """vLLM's token tree (``--speculative-config`` ``speculative_token_tree``): a Python list of paths of child ranks
+    from the last verified token, e.g. "[(0,), (1,), (0, 0)]" (rank 0: the draft's most likely token), every prefix of
+    a path a node, at most 64 nodes. Every request verifies its tree in one target pass (tree attention) after one draft
+    pass per depth. A chain ("[(0,), (0, 0)]") is ordinary speculation. ``None``: no tree."""
+    speculative_num_steps: int | None = None
+    """SGLang's ``--speculative-num-steps``: draft passes (the tree's depth, >= 1) of an EAGLE tree; with
+    ``speculative_eagle_topk`` and ``speculative_num_draft_tokens`` (all three, or none; not with
+    ``speculative_token_tree``). SGLang's documented defaults are 5, 4 and 8."""
+    speculative_eagle_topk: int | None = None
+    """SGLang's ``--speculative-eagle-topk``: branching per draft step (>= 1; 1 is a chain)."""
+    speculative_num_draft_tokens: int | None = None
+    """SGLang's ``--speculative-num-draft-tokens``: tokens verified per request, the last verified one included (the
+    tree keeps the num_draft_tokens - 1 candidates of highest expected acceptance; with top-k 1 it must be num_steps +
+    1)."""
     acceptance: str = "constant"
     """Acceptance model: ``constant`` (i.i.d. per token), ``beta`` (per-request probability), ``position`` (per
-    position j), ``replay`` (recorded steps of ``acceptance_trace``)."""
+    position j), ``replay`` (recorded steps of ``acceptance_trace``), ``by-rank`` (a measured table by depth and rank,
+    ``acceptance_by_rank``; a chain reads its rank-0 column as ``position``)."""
     acceptance_rate: float = 0.8
     """INPUT: the probability in [0, 1] that the target accepts each proposed token, given the ones before it were
     accepted (Leviathan's alpha; ``constant``), or the Beta mean (``beta``). Flag ``--token-acceptance-prob``
@@ -164,13 +231,23 @@ class SimConfig:
     (only with ``acceptance=position``)."""
     acceptance_trace: str | None = None
     """CSV of recorded steps ``request_id,proposed,accepted`` for the replay model (only with ``acceptance=replay``)."""
+    acceptance_ranks: tuple[float, ...] = DEFAULT_ACCEPTANCE_RANKS
+    """Token trees: P(the target's token is the draft's rank r | not its rank 0) for r = 1, 2, ..., comma-separated,
+    each in [0, 1], summing to at most 1 (the rest: beyond every candidate); rank r's acceptance at a depth is then
+    (1 - top-1 acceptance) x this. The default is an assumption, not a measurement; used only with a token tree."""
+    acceptance_by_rank: str | None = None
+    """CSV ``depth,rank,probability`` of measured acceptance by depth (1..) and rank (0 = the draft's most likely),
+    written by ``profile --acceptance``: the ``by-rank`` acceptance model (giving the file on the command line selects
+    it)."""
 
     # --- cost model -----------------------------------------------------------------------------
     profile: str = DEFAULT_SIM_PROFILE
     """Cost model: a profile CSV (fitted here; ``profiles/data/*.csv``) or a coefficient JSON (default: the shipped
     hand-written ``profiles/data/example.json``)."""
-    fitter: str = "linear"
-    """Fitter for a profile CSV: ``linear`` (SmartSpec's form) or ``interp`` (over the measured grid)."""
+    fitter: str = "auto"
+    """Fitter for a profile CSV: ``linear`` (SmartSpec's form), ``interp`` (over the measured grid) or ``auto``: the
+    profile's own (``interp`` for a profile calibrated to vLLM results, whose recorded errors were computed with it;
+    ``linear`` otherwise)."""
     policy_profile: str | None = None
     """Cost model the policy believes in; ``None``: the same as ``profile`` (a mis-profiled policy otherwise)."""
 
@@ -196,6 +273,13 @@ class SimConfig:
         _choice("length_dist", self.length_dist, LENGTH_DISTS)
         _choice("scheduler", self.scheduler, SCHEDULERS)
         _choice("proposer", self.proposer, PROPOSERS)
+        if self.speculative_method is not None:  # stored in vLLM's name (SGLang's mapped)
+            object.__setattr__(self, "speculative_method",
+                               method_name(self.speculative_method, "config: speculative_method"))
+            require(proposer_of(self.speculative_method) == self.proposer,
+                    f"config: speculative_method={self.speculative_method} runs proposer "
+                    f"{proposer_of(self.speculative_method)}, not proposer={self.proposer}: give one of them "
+                    "(--speculative-method or --proposer)")
         _choice("acceptance", self.acceptance, ACCEPTANCE_MODELS)
         _choice("fitter", self.fitter, FITTERS)
         if self.rate is not None:
@@ -264,11 +348,20 @@ class SimConfig:
             _positive("max_concurrency", self.max_concurrency)
         _positive("replicas", self.replicas)
         _choice("router", self.router, ROUTER_NAMES)
+        if self.replica_profiles:  # a mixed fleet: sorted (the list's order changes nothing), one replica an entry
+            profiles = tuple(sorted(p.strip() for p in self.replica_profiles))
+            require(len(profiles) > 1, f"config: replica_profiles {list(profiles)}: one profile is not a fleet "
+                                       "(give --profile, or two profiles or more)")
+            require(self.replicas in (1, len(profiles)), f"config: replicas={self.replicas} but {len(profiles)} "
+                                                         "replica_profiles (one replica per profile)")
+            object.__setattr__(self, "replica_profiles", profiles)
+            object.__setattr__(self, "replicas", len(profiles))
         if self.replicas > 1:
             require(self.max_concurrency is None,
                     "config: replicas > 1 with max_concurrency is not modelled (the client's closed loop feeds one engine)")
             require(self.router != "prefix-aware" or self.enable_prefix_caching,
                     "config: router=prefix-aware needs enable_prefix_caching (--enable-prefix-caching)")
+        _check_disaggregation(self)
         if self.num_gpu_blocks is not None:
             _positive("num_gpu_blocks", self.num_gpu_blocks)
         if self.gpu_memory_gb is not None:
@@ -290,6 +383,7 @@ class SimConfig:
         if self.acceptance == "replay":
             require(self.acceptance_trace is not None,
                     "config: acceptance=replay needs --acceptance-trace FILE")
+        _check_tree(self)
         names = [name for name, _ in self.goodput_slo]
         for name, bound in self.goodput_slo:
             require(name in GOODPUT_METRICS, f"config: goodput_slo: unknown metric {name!r} "
@@ -304,8 +398,17 @@ class SimConfig:
 
     # --------------------------------------------------------------------------------------------
     def replace(self, **changes: Any) -> "SimConfig":
-        """A copy with ``changes`` applied (and validated)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with ``changes`` applied (and validated; ``proposer`` and ``speculative_method`` kept in step by
+        :func:`align_proposer`)."""
+        return dataclasses.replace(self, **align_proposer(changes, {"speculative_method": self.speculative_method}))
+
+    @property
+    def proposer_method(self) -> str:
+        """The speculative method in vLLM's names: ``speculative_method``, else ``proposer``'s (draft_model or
+        ngram)."""
+        if self.speculative_method is not None:
+            return self.speculative_method
+        return "draft_model" if self.proposer == "draft" else "ngram"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (tuples become lists)."""
@@ -325,14 +428,15 @@ class SimConfig:
         if unknown:
             raise UserError(f"{source}: unknown config field {unknown[0]!r}")
         kwargs = dict(data)
-        for name in ("acceptance_positions", "cuda_graph_sizes"):
+        for name in ("acceptance_positions", "acceptance_ranks", "cuda_graph_sizes", "replica_profiles"):
             if name in kwargs:
                 values = kwargs[name]
-                require(isinstance(values, (list, tuple)), f"{source}: {name} must be a list of numbers, got {values!r}")
+                require(isinstance(values, (list, tuple)), f"{source}: {name} must be a list, got {values!r}")
                 kwargs[name] = tuple(values)
         for field, pair in (("goodput_slo", "[metric, milliseconds]"), ("policy_params", "[name, value]")):
             if field in kwargs:
                 kwargs[field] = _named_pairs(kwargs[field], f"{source}: {field} must be a list of {pair} pairs")
+        kwargs = align_proposer(kwargs, {})
         try:
             return cls(**kwargs)
         except UserError as exc:
@@ -380,7 +484,10 @@ def _check_types(config: "SimConfig") -> None:
             require(isinstance(value, tuple) and all(isinstance(v, numbers.Integral) and not isinstance(v, bool)
                                                      for v in value),
                     f"config: {f.name} must be a list of whole numbers, got {shown}")
-        elif f.name == "acceptance_positions":
+        elif f.name == "replica_profiles":
+            require(isinstance(value, tuple) and all(isinstance(v, str) and v.strip() for v in value),
+                    f"config: {f.name} must be a list of profile names or files, got {shown}")
+        elif f.name in ("acceptance_positions", "acceptance_ranks"):
             require(isinstance(value, tuple), f"config: {f.name} must be a list of numbers, got {shown}")
             for v in value:
                 _number(f.name, v)
@@ -404,6 +511,91 @@ def _number(name: str, value: Any) -> None:
             f"config: {name} must be a number, got {value!r} ({type(value).__name__})")
     require(math.isfinite(value), f"config: {name} must be a finite number, got {value!r}")
     require(abs(value) <= MAX_NUMBER, f"config: {name} must be at most {MAX_NUMBER:g}, got {value!r}")
+
+
+def _check_tree(config: SimConfig) -> None:
+    """A token tree (vLLM's string or SGLang's three numbers, :mod:`policies.tree`) and the acceptance by rank: one form
+    of tree, valid, with k at most its nodes and a model proposer; the rank model's probabilities; the ``by-rank``
+    model with its file, and either only where it is used."""
+    sglang = (config.speculative_num_steps, config.speculative_eagle_topk, config.speculative_num_draft_tokens)
+    given = [v is not None for v in sglang]
+    require(all(given) or not any(given), "config: SGLang's tree needs all of speculative_num_steps, "
+                                          "speculative_eagle_topk and speculative_num_draft_tokens")
+    require(config.speculative_token_tree is None or not any(given),
+            "config: give the tree once: speculative_token_tree (vLLM) or speculative_num_steps, "
+            "speculative_eagle_topk and speculative_num_draft_tokens (SGLang)")
+    if all(given):
+        TreeShape.sglang(*sglang, ((1.0,),))  # the counts checked (which nodes it keeps does not matter here)
+    nodes = tree_nodes(config.speculative_token_tree, config.speculative_num_draft_tokens)
+    for g in config.acceptance_ranks:
+        _probability("acceptance_ranks", g)
+    require(sum(config.acceptance_ranks) <= 1.0 + 1e-9,
+            f"config: acceptance_ranks must sum to at most 1, got {sum(config.acceptance_ranks):g}")
+    if config.acceptance == "by-rank":
+        require(config.acceptance_by_rank is not None, "config: acceptance=by-rank needs --acceptance-by-rank FILE")
+    require(config.acceptance_by_rank is None or config.acceptance == "by-rank",
+            f"config: acceptance_by_rank {config.acceptance_by_rank} is read only with acceptance=by-rank (got "
+            f"acceptance={config.acceptance})")
+    if config.acceptance_ranks != DEFAULT_ACCEPTANCE_RANKS:
+        require(nodes is not None and config.acceptance != "by-rank",
+                "config: acceptance_ranks are used only with a token tree and not with acceptance=by-rank (whose "
+                "table has its ranks)")
+    if nodes is None:
+        return
+    require(config.k <= nodes, f"config: k={config.k} is more than the token tree's {nodes} nodes (with a tree, k "
+                               "counts the nodes verified)")
+    require(config.proposer == "draft", "config: a token tree needs a model proposer (proposer=draft): an n-gram "
+                                        "lookup proposes one chain")
+
+
+def _check_disaggregation(config: SimConfig) -> None:
+    """The fields of disaggregated prefill and decode: both instance counts > 0 (on) or both 0 (off); off, the other
+    disaggregation fields keep their defaults; on, no co-located replicas, client loop or multi-step scheduling."""
+    for name in ("prefill_replicas", "decode_replicas"):
+        value = getattr(config, name)
+        require(value >= 0, f"config: {name} must be >= 0, got {value!r}")
+    p, d = config.prefill_replicas, config.decode_replicas
+    on = p > 0 and d > 0
+    require(on or p == d == 0, f"config: disaggregated serving needs both prefill_replicas and decode_replicas > 0 "
+                               f"(got {p} and {d}; both 0 turns it off)")
+    _choice("prefill_router", config.prefill_router, ROUTER_NAMES)
+    _choice("decode_router", config.decode_router, ROUTER_NAMES)
+    _choice("kv_link", config.kv_link, KV_LINK_NAMES)
+    if config.kv_link_bandwidth is not None:
+        _positive("kv_link_bandwidth", config.kv_link_bandwidth)
+    if config.kv_link_latency is not None:
+        require(config.kv_link_latency >= 0, f"config: kv_link_latency must be >= 0 s, got {config.kv_link_latency!r}")
+    if not on:
+        defaults = {f.name: f.default for f in fields(SimConfig)}
+        for name in ("prefill_router", "decode_router", "kv_link", "kv_link_bandwidth", "kv_link_latency"):
+            require(getattr(config, name) == defaults[name], f"config: {name} is used only by disaggregated serving "
+                                                             "(add --prefill-replicas P --decode-replicas D)")
+        return
+    require(config.replicas == 1, f"config: replicas={config.replicas} (co-located) with prefill_replicas and "
+                                  "decode_replicas (disaggregated): give one layout")
+    require(config.router == "round-robin", f"config: router={config.router} routes co-located replicas; disaggregated "
+                                            "serving routes with prefill_router and decode_router")
+    require(config.max_concurrency is None, "config: max_concurrency with disaggregated serving is not modelled")
+    require(config.num_scheduler_steps == 1, "config: num_scheduler_steps > 1 with disaggregated serving is not "
+                                             "modelled")
+    require(config.decode_router != "prefix-aware", "config: decode_router=prefix-aware: decode instances keep no "
+                                                    "prefix cache")
+    require(config.prefill_router != "prefix-aware" or config.enable_prefix_caching,
+            "config: prefill_router=prefix-aware needs enable_prefix_caching (--enable-prefix-caching)")
+
+
+def align_proposer(changes: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """``changes`` (field values to apply over ``before``'s) with ``proposer`` and ``speculative_method`` kept in step:
+    one of them given alone carries the other along (a method sets the proposer that runs it; a proposer drops a
+    method it does not run); given together they must agree, which :class:`SimConfig` checks."""
+    out = dict(changes)
+    method, old = out.get("speculative_method"), before.get("speculative_method")
+    if "proposer" not in out and isinstance(method, str):
+        out["proposer"] = SPECULATIVE_METHODS[method_name(method, "config: speculative_method")]
+    elif "proposer" in out and "speculative_method" not in out and isinstance(old, str) \
+            and proposer_of(old) != out["proposer"]:
+        out["speculative_method"] = None
+    return out
 
 
 def config_hash(config: SimConfig) -> str:

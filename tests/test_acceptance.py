@@ -271,3 +271,53 @@ def test_same_seed_same_calls_same_draws(recorded_trace: str) -> None:
     for settings in model_configs(recorded_trace):
         assert session(settings, 11) == session(settings, 11)
         assert session(settings, 11) != session(settings, 12), settings.acceptance
+
+
+# -- acceptance by rank (token trees, issue 23) ----------------------------------------------------------------------
+def test_the_rank_model_spreads_a_top1_miss_over_the_other_ranks() -> None:
+    from policies.tree import rank_prob, rank_table
+
+    q = rank_table((0.75, 0.5), (0.5, 0.25))
+    assert q == ((0.75, 0.125, 0.0625), (0.5, 0.25, 0.125))
+    assert rank_prob(q, 7, 1) == 0.25 and rank_prob(q, 1, 5) == 0.0  # the last depth repeats; missing ranks are 0
+    position = make_acceptance(SimConfig(rate=1.0, num_requests=10, acceptance="position",
+                                         acceptance_positions=(0.9, 0.6), acceptance_ranks=(0.5,),
+                                         speculative_token_tree="[(0,), (1,)]", k=2), np.random.default_rng(0))
+    assert np.allclose(position.rank_table(), ((0.9, 0.05), (0.6, 0.2)), rtol=0, atol=1e-15)
+
+
+def test_a_measured_rank_table_is_read_by_depth_and_rank(tmp_path: Path) -> None:
+    from simulator.inputs.acceptance import read_rank_table
+
+    path = tmp_path / "ranks.csv"
+    path.write_text("depth,rank,probability,count\n2,0,0.6,10\n1,2,0.05,3\n1,0,0.7,50\n")
+    assert read_rank_table(str(path)) == ((0.7, 0.0, 0.05), (0.6,))
+
+
+def test_the_by_rank_model_draws_a_chain_as_position_acceptance(tmp_path: Path) -> None:
+    path = tmp_path / "ranks.csv"
+    path.write_text("depth,rank,probability\n1,0,0.9\n1,1,0.05\n2,0,0.6\n3,0,0.3\n")
+    by_rank = make_acceptance(config(acceptance="by-rank", acceptance_by_rank=str(path)), np.random.default_rng(4))
+    position = PositionAcceptance((0.9, 0.6, 0.3), K_MAX, np.random.default_rng(4))
+    assert by_rank.rank_table() == ((0.9, 0.05), (0.6,), (0.3,))
+    for k in range(K_MAX + 1):
+        assert run(by_rank, k, 50) == run(position, k, 50)
+
+
+@pytest.mark.parametrize("content, expected", [
+    ("depth,rank\n1,0\n", ["missing column 'probability'"]),
+    ("depth,rank,probability\n0,0,0.5\n", ["line 2", "depth must be >= 1"]),
+    ("depth,rank,probability\n1,0,1.5\n", ["line 2", "probability must be in [0, 1]", "(got 1.5)"]),
+    ("depth,rank,probability\n1,0,0.5\n1,0,0.4\n", ["line 3", "depth 1 rank 0 is given twice (also line 2)"]),
+    ("depth,rank,probability\n1,0,0.7\n1,1,0.4\n", ["the probabilities of depth 1 sum to 1.1, more than 1"]),
+    ("depth,rank,probability\n1,0,0.7\n3,0,0.4\n", ["depth 2 has no row (depths must run 1..3)"]),
+])
+def test_bad_rank_tables_name_file_line_and_value(tmp_path: Path, content: str, expected: list[str]) -> None:
+    path = tmp_path / "ranks.csv"
+    path.write_text(content)
+    with pytest.raises(UserError) as error:
+        make_acceptance(config(acceptance="by-rank", acceptance_by_rank=str(path)), np.random.default_rng(0))
+    message = str(error.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message
+    for part in expected:
+        assert part in message

@@ -18,3 +18,21 @@ def test_a_case_carries_its_variants_and_parameters():
 
 def test_a_case_on_another_profile(tmp_path):
     assert _case_config(100, "no-spec", tmp_path / "p.csv")["profile"] == str(tmp_path / "p.csv")
+
+
+def test_a_fleet_case_is_the_case_at_n_times_the_rate_behind_least_outstanding():
+    from simulator.studies.bench import _fleet_case
+
+    config = SimConfig.from_dict(_fleet_case(1000, "goodput", 64, 3.0))
+    assert (config.replicas, config.router, config.rate, config.num_requests) == (64, "least-outstanding", 192.0, 1000)
+    assert SimConfig.from_dict(_fleet_case(100, "no-spec", 1, 3.0)).replicas == 1
+
+
+def test_the_fleet_table_gives_one_replica_then_the_fleet_for_each_policy():
+    from simulator.studies.bench import fleet_table
+
+    header, single, fleet = fleet_table(2, 40, 3.0, ["no-spec"], BENCH_PROFILE)
+    assert header.split()[:3] == ["policy", "replicas", "requests"] and "ratio" in header
+    assert single.split()[:3] == ["no-spec", "1", "40"]
+    assert single.split()[-4] == single.split()[-2] == "1.00x"  # one replica: the unit of both ratios
+    assert fleet.split()[:3] == ["no-spec", "2", "40"] and fleet.split()[-2].endswith("x")

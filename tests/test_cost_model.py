@@ -11,6 +11,7 @@ import pytest
 
 from simulator.costs.cost_model import InterpCostModel, fit_cost_model, fit_report, load_cost_model, predict_row
 from policies.errors import UserError
+from tests.conftest import REPO
 from simulator.costs.profile_table import ProfileTable, read_profile, write_profile
 
 DATA = Path(__file__).resolve().parent.parent / "profiles" / "data"
@@ -437,7 +438,7 @@ def test_unreadable_inputs_raise_user_errors(tmp_path):
         load_cost_model(tmp_path / "broken.json")
     with pytest.raises(UserError, match="missing.csv: no such cost model file"):
         load_cost_model(tmp_path / "missing.csv")
-    with pytest.raises(UserError, match="--fitter: must be one of linear, interp"):
+    with pytest.raises(UserError, match="--fitter: must be one of auto, linear, interp"):
         load_cost_model(EXAMPLE_GRID, "spline")
     with pytest.raises(UserError, match="a cost model is a .json coefficient file or a .csv profile"):
         (tmp_path / "costs.txt").write_text("x")
@@ -563,3 +564,18 @@ def test_uniform_decode_pricer_is_uniform_decode_times(cost_json):
                 price = model.uniform_decode_pricer(batch, k_max, drafts)
                 for context in (batch, batch * 700, batch * 30000):
                     assert price(context) == model.uniform_decode_times(batch, context, k_max, drafts)
+
+
+def test_auto_reads_a_calibrated_profile_with_interp_and_any_other_with_linear():
+    """A vLLM-calibrated profile's errors were computed through ``interp``: ``auto`` (the default) takes it there, and
+    SmartSpec's linear form elsewhere."""
+    from simulator.costs.cost_model import profile_fitter
+
+    data = REPO / "profiles" / "data"
+    calibrated = data / "h100-80gb-vllm__llama-3.1-8b__llama-3.2-1b.csv"
+    measured = data / "h200__llama-2-7b__llama-68m.csv"
+    for path, fitter in ((calibrated, "interp"), (measured, "linear")):
+        assert load_cost_model(path).target_time(1, 1, 300) == load_cost_model(path, fitter).target_time(1, 1, 300)
+    assert load_cost_model(calibrated, "linear").target_time(1, 1, 300) < 0.95 * load_cost_model(calibrated).target_time(1, 1, 300)
+    assert [profile_fitter("auto", {"calibration": {}}), profile_fitter("auto", {}),
+            profile_fitter("linear", {"calibration": {}})] == ["interp", "linear", "linear"]

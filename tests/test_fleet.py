@@ -21,6 +21,9 @@ from simulator.inputs.workload import Workload
 from simulator.studies.cli import main
 
 
+A100, H100 = "a100-80gb-vllm__llama-3.1-8b__llama-3.2-1b", "h100-80gb-vllm__llama-3.1-8b__llama-3.2-1b"
+
+
 def workload(arrivals, prompts=None, outputs=None, prompt_id=None) -> Workload:
     n = len(arrivals)
     return Workload(np.array(arrivals, dtype=float), prompts or [64] * n, outputs or [8] * n, "test",
@@ -97,7 +100,8 @@ def test_session_keeps_each_prompt_id_on_one_replica_and_falls_back_to_round_rob
     wl = workload([0, 0.1, 0.2, 0.3, 0.4, 0.5], prompt_id=[7, 4, 7, 4, 7, 9])
     result = run_fleet(SimConfig(rate=1.0, num_requests=1, replicas=2, router="session"), workload=wl)
     assert replicas_of(result) == [1, 0, 1, 0, 1, 1]  # prompt_id mod 2
-    result = run_fleet(SimConfig(rate=1.0, num_requests=1, replicas=2, router="session"), workload=workload([0, 0, 0]))
+    with pytest.warns(UserWarning, match="--router session: the workload has no session key"):  # said, not silent
+        result = run_fleet(SimConfig(rate=1.0, num_requests=1, replicas=2, router="session"), workload=workload([0, 0, 0]))
     assert replicas_of(result) == [0, 1, 0]
 
 
@@ -181,16 +185,22 @@ class Permuted:
     def choose(self, view, replicas):
         return self.perm[self.router.choose(view, [replicas[p] for p in self.perm])]
 
+    def surely_elsewhere(self, index, replicas):
+        return self.router.surely_elsewhere(self.perm.index(index), [replicas[p] for p in self.perm])
 
-@pytest.mark.parametrize("name", ["least-outstanding", "round-robin"])
-def test_identical_replicas_permuted_give_the_same_fleet_figures(name):
-    """Replicas are identical: relabelling them (the router seeing them in another order, ties still broken to the
-    lowest index it sees, and their processes started in that order) permutes the per-replica rows and changes no
-    fleet figure. For round-robin this means the turns follow the router's order of the replicas."""
-    config = SimConfig(rate=30.0, num_requests=400, seed=1, policy="goodput", replicas=4, router=name)
+
+@pytest.mark.parametrize("name, profiles", [("least-outstanding", ()), ("round-robin", ()), ("power-of-two", ()),
+                                            ("least-outstanding", (A100, H100, A100, H100))])
+def test_replicas_relabelled_give_the_same_fleet_figures(name, profiles):
+    """Relabelling the replicas (the router seeing them in another order, ties still broken to the lowest index it sees,
+    their processes started, their random streams and, in a mixed fleet, their profiles given in that order) permutes
+    the per-replica rows and changes no fleet figure. For round-robin this means the turns follow the router's order of
+    the replicas."""
+    config = SimConfig(rate=30.0, num_requests=400, seed=1, policy="goodput", replicas=4, router=name,
+                       replica_profiles=profiles)
     perm = [2, 0, 3, 1]
     plain = run_fleet(config)
-    permuted = run_fleet(config, order=perm, router=Permuted(make_router(name), perm))
+    permuted = run_fleet(config, order=perm, router=Permuted(make_router(name, router_stream(1)), perm))
     assert same_summary(plain.summary, permuted.summary)
     pd.testing.assert_frame_equal(plain.requests.drop(columns="replica"), permuted.requests.drop(columns="replica"))
     assert permuted.requests["replica"].tolist() == [perm[r] for r in plain.requests["replica"]]
@@ -214,3 +224,193 @@ def test_simulate_with_replicas_writes_the_per_replica_table(capsys, tmp_path):
         main(["simulate", "--help"])
     helptext = capsys.readouterr().out
     assert "--replicas" in helptext and "--router" in helptext
+
+
+# -- speed at fleet scale: runs of steps that no fleet arrival cuts, exact (issue 24, item 4) -------------------------
+EXACT = [dict(policy="no-spec"), dict(policy="goodput"), dict(policy="goodput", proposer="ngram"),
+         dict(policy="goodput", acceptance="beta", num_gpu_blocks=600),  # preemptions
+         dict(policy="fixed-k", proposer="ngram", scheduler="chunked-prefill"),
+         dict(policy="goodput", enable_prefix_caching=True)]
+
+
+@pytest.mark.parametrize("fields, router", [(f, r) for f in EXACT for r in ROUTER_NAMES
+                                             if r != "prefix-aware" or f.get("enable_prefix_caching")])
+def test_runs_cut_only_by_arrivals_routed_there_are_step_by_step_bit_for_bit(monkeypatch, fields, router):
+    """Every combination of the fleet's two speed shortcuts (runs bounded by the first arrival the router may send to a
+    replica; runs planned ahead and cut when a request comes) gives step by step's requests, per-replica table
+    (batch-size distribution and mean k included) and step count."""
+    from simulator.fleet import fleet
+
+    config = SimConfig(rate=40.0, num_requests=300, seed=2, length_dist="lognormal", replicas=3, router=router,
+                       **fields)
+    reference = run_fleet(config, step_by_step=True)
+    for bounded, cut in [(True, True), (True, False), (False, True), (False, False)]:
+        monkeypatch.setattr(fleet, "BOUNDED_RUNS", bounded)
+        monkeypatch.setattr(fleet, "CUT_RUNS", cut)
+        fast = run_fleet(config)
+        pd.testing.assert_frame_equal(fast.requests, reference.requests, check_exact=True)
+        pd.testing.assert_frame_equal(fast.replicas, reference.replicas, check_exact=True)
+        assert fast.summary["steps"] == reference.summary["steps"]
+    if fields.get("num_gpu_blocks"):
+        assert reference.summary["preemptions"] > 0
+
+
+def test_a_run_is_cut_when_a_request_comes_and_only_then(monkeypatch):
+    """The power-of-two router's lookahead off: a replica's runs are planned past the fleet's arrivals; the runs cut
+    short are those during which a request was routed to that replica while its queue was empty."""
+    from simulator.fleet import fleet
+
+    monkeypatch.setattr(fleet, "BOUNDED_RUNS", False)
+    cuts = []
+    restore = fleet._Replica._restore
+    monkeypatch.setattr(fleet._Replica, "_restore", lambda self, saved: cuts.append(self.env.now) or
+                        restore(self, saved))
+    config = SimConfig(rate=40.0, num_requests=300, seed=2, policy="goodput", replicas=4, router="power-of-two")
+    result = run_fleet(config)
+    arrivals = set(result.requests["arrival_time"])
+    assert 0 < len(cuts) < 300 and set(cuts) <= arrivals  # each cut happens at an arrival, not at every one
+
+
+def test_least_outstanding_knows_how_many_arrivals_go_elsewhere_first():
+    """Without finishes the next arrivals go to the least loaded one by one: the router's count of arrivals that surely
+    go elsewhere before replica i may get one is exactly what replaying them gives, for every small load vector."""
+    import itertools
+
+    router = LeastOutstanding()
+    for counts in itertools.product(range(4), repeat=4):
+        for i in range(4):
+            states = loads(*counts)
+            expected = 0
+            while router.choose(request(), states) != i:
+                states[router.choose(request(), states)].outstanding += 1
+                expected += 1
+            assert router.surely_elsewhere(i, loads(*counts)) == expected, (counts, i)
+
+
+def test_round_robin_and_power_of_two_tell_when_a_replica_may_next_be_chosen():
+    rr = make_router("round-robin")
+    for _ in range(3):
+        rr.choose(request(), loads(0, 0, 0, 0))
+    assert [rr.surely_elsewhere(i, loads(0, 0, 0, 0)) for i in range(4)] == [1, 2, 3, 0]
+    # power-of-two draws its pairs ahead to tell: the same pairs, so the same choices, as drawing them one by one
+    ahead, plain = PowerOfTwo(router_stream(7)), PowerOfTwo(router_stream(7))
+    skip = ahead.surely_elsewhere(5, loads(*[0] * 8))
+    picks = [ahead.choose(request(), loads(*[0] * 8)) for _ in range(40)]
+    assert picks == [plain.choose(request(), loads(*[0] * 8)) for _ in range(40)]
+    assert 5 not in picks[:skip] and skip < 40
+
+
+def test_each_replica_keeps_its_batch_sizes_by_step_time_without_step_rows():
+    """The per-replica batch-size figures come from the engines' step-time record (BatchLoad), equal to the figures
+    the step rows give (weighted by step time), with or without step rows kept."""
+    config = SimConfig(rate=40.0, num_requests=300, seed=3, policy="goodput", replicas=2, router="least-outstanding",
+                       length_dist="lognormal")
+    kept, lean = run_fleet(config.replace(save_steps=True)), run_fleet(config)
+    assert lean.recorder.replicas[0].steps is None
+    pd.testing.assert_frame_equal(kept.requests, lean.requests)
+    for r, row in lean.replicas.iterrows():
+        steps = kept.steps[(kept.steps["replica"] == r) & (kept.steps["kind"] != "prefill")]
+        seconds, batch = steps["seconds"].to_numpy(), steps["batch_size"].to_numpy()
+        assert row["decode_steps"] == len(steps)
+        assert row["mean_batch"] == pytest.approx((batch * seconds).sum() / seconds.sum(), rel=1e-12)
+        assert row["mean_k"] == steps["proposed"].sum() / batch.sum()
+    pd.testing.assert_frame_equal(kept.replicas, lean.replicas)
+
+
+@pytest.mark.parametrize("model", ["constant", "beta", "position"])
+def test_a_replica_rewinds_its_acceptance_stream_exactly(model):
+    from simulator.fleet.fleet import REWINDABLE, _attributes, _rewind
+    from simulator.inputs.acceptance import make_acceptance
+
+    config = SimConfig(rate=1.0, num_requests=1, acceptance=model, acceptance_positions=(0.9, 0.5) if model ==
+                       "position" else ())
+    acc = make_acceptance(config, np.random.default_rng(1))
+    assert isinstance(acc, REWINDABLE)
+    acc.BLOCK = 7  # refills inside the rewound draws too
+    for rid in range(6):
+        acc.start(rid)
+    acc.draw_list([0, 1, 2], [4, 4, 4])
+    saved = _attributes(acc, False)
+    first = [acc.draw_list([0, 1, 2, 3, 4, 5], [4, 3, 4, 2, 4, 4]) for _ in range(5)]
+    _rewind(acc, saved)
+    assert [acc.draw_list([0, 1, 2, 3, 4, 5], [4, 3, 4, 2, 4, 4]) for _ in range(5)] == first
+
+
+# -- mixed fleets (a list of profiles) --------------------------------------------------------------------------------
+def test_a_mixed_fleet_gives_each_replica_its_profile_and_the_order_of_the_list_changes_nothing():
+    from simulator.fleet.fleet import resolve_profile
+
+    config = SimConfig(rate=20.0, num_requests=300, seed=1, policy="goodput", router="least-outstanding",
+                       length_dist="lognormal", replica_profiles=(H100, A100))
+    assert config.replicas == 2 and config.replica_profiles == (A100, H100)  # sorted: replica 0 is the A100
+    mixed = run_config(config)
+    assert mixed.replicas["profile"].tolist() == [A100, H100]
+    assert mixed.replicas["num_gpu_blocks"].tolist() == [21602, 21472]  # each from its own profile's memory
+    assert mixed.replicas.loc[1, "requests"] > mixed.replicas.loc[0, "requests"]  # the faster H100 finishes sooner
+    assert run_config(config.replace(replica_profiles=(A100, H100))).requests.equals(mixed.requests)
+    # a list of one profile twice is that profile's identical fleet, bit for bit
+    twice = run_config(config.replace(replica_profiles=(A100, A100)))
+    same = run_config(config.replace(replica_profiles=(), replicas=2, profile=resolve_profile(A100)))
+    pd.testing.assert_frame_equal(twice.requests, same.requests, check_exact=True)
+    with pytest.raises(UserError, match="one profile is not a fleet"):
+        SimConfig(rate=1.0, num_requests=1, replica_profiles=(A100,))
+    with pytest.raises(UserError, match="no profile 'nosuch'"):
+        run_config(config.replace(replica_profiles=("nosuch", A100)))
+
+
+def test_a_request_that_fits_only_the_larger_replica_goes_there():
+    """An H200 replica holds 56,014 KV blocks, an A100 21,602: a 500,000-token prompt (31,250 blocks of 16) fits only
+    the H200, whatever the router would have chosen; a 2,000,000-token one fits neither and is ignored."""
+    h200 = "h200-vllm__llama-3.1-8b__llama-3.2-1b"
+    wl = workload([0.0, 0.1, 0.2, 0.3], prompts=[64, 500_000, 64, 2_000_000], outputs=[8, 2, 8, 2])
+    config = SimConfig(rate=1.0, num_requests=1, replica_profiles=(A100, h200), router="round-robin")
+    with pytest.warns(UserWarning, match="extrapolating"):
+        result = run_fleet(config, workload=wl)
+    assert result.replicas["profile"].tolist() == [A100, h200]
+    assert replicas_of(result) == [0, 1, 1, -1]  # the second goes to the H200, out of its turn
+    assert result.requests["ignored"].tolist() == [False, False, False, True]
+
+
+def test_replicas_with_a_front_end_each_have_their_own():
+    """A vLLM-calibrated profile's front end (its API server) stands before each replica: a fleet of one is the single
+    engine with its front end, bit for bit, and two replicas serve every request."""
+    from simulator.fleet.fleet import resolve_profile
+
+    config = SimConfig(rate=10.0, num_requests=200, seed=4, policy="goodput", profile=resolve_profile(H100))
+    pd.testing.assert_frame_equal(run_simulation(config).requests, run_fleet(config).requests.drop(columns="replica"),
+                                  check_exact=True)
+    two = run_config(config.replace(replicas=2, router="least-outstanding"))
+    assert two.requests["finish_time"].notna().all() and two.replicas["requests"].sum() == 200
+
+
+# -- the timeline shows the replicas ----------------------------------------------------------------------------------
+def test_the_timeline_has_one_lane_per_replica_named_by_its_profile(capsys, tmp_path):
+    out = tmp_path / "t"
+    code = main(["simulate", "--rate", "20", "--num-requests", "60", "--replicas", f"{A100},{H100}", "--router",
+                 "least-outstanding", "--save-timeline", "--format", "csv", "--out", str(out)])
+    capsys.readouterr()
+    assert code == 0
+    events = json.loads((out / "timeline.json").read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names == {3: f"replica 0 ({A100})", 4: f"replica 1 ({H100})", 2: "requests"}
+    requests = pd.read_csv(out / "requests.csv")
+    steps = pd.read_csv(out / "steps.csv")
+    for pid, replica in ((3, 0), (4, 1)):  # each lane holds its replica's steps, each request span names its replica
+        assert sum(e["ph"] == "X" and e["pid"] == pid for e in events) == (steps["replica"] == replica).sum()
+    spans = {e["id"]: e["args"]["replica"] for e in events if e["ph"] == "b" and e["name"].startswith("request")}
+    assert spans == dict(zip(requests["request_id"], requests["replica"]))
+
+
+# -- sweeps of fleets on Dask -----------------------------------------------------------------------------------------
+from tests.test_sweep import dask_cluster, summary_without_wall_time  # noqa: E402,F401 - the module's Dask fixture
+
+
+def test_a_sweep_of_fleets_on_dask_equals_the_local_sweep(dask_cluster, capsys, tmp_path):  # noqa: F811
+    argv = ["sweep", "--rates", "20,40", "--policies", "no-spec,goodput", "--num-requests", "60", "--replicas",
+            f"{A100},{H100}", "--router", "least-outstanding", "--quiet"]
+    assert main([*argv, "--workers", "1", "--out", str(tmp_path / "local")]) == 0
+    assert main([*argv, "--cluster", dask_cluster, "--out", str(tmp_path / "dask")]) == 0
+    capsys.readouterr()
+    local = summary_without_wall_time(tmp_path / "local")
+    pd.testing.assert_frame_equal(local, summary_without_wall_time(tmp_path / "dask"))
+    assert set(local["replicas"]) == {"2"} and set(local["router"]) == {"least-outstanding"}

@@ -141,3 +141,47 @@ def test_probes_are_deterministic_and_rare():
     probes = [t for t in totals[100:]]
     assert set(probes) <= {0, 1} and 300 // 17 <= sum(probes) <= 300 // 16 + 1
     assert totals == run_policy({}, lambda step: 0.0, 400)
+
+
+# -- goodput over token trees (issue 23) ---------------------------------------------------------------------------
+# SGLang's documented EAGLE defaults (--speculative-num-steps 5 --speculative-eagle-topk 4
+# --speculative-num-draft-tokens 8): a 7-node tree; each static choice verifies the family's best k-node subtree.
+SGLANG_TREE = dict(speculative_num_steps=5, speculative_eagle_topk=4, speculative_num_draft_tokens=8, k=7)
+TREE_STATIC = ["no-spec"] + [f"fixed-k:{k}" for k in range(1, 8)]
+TREE_GOODPUT = "goodput:7"
+
+
+@pytest.fixture(scope="module")
+def tree_grid(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tree_goodput_outcomes")
+    return {(pricing, acc): sweep(base(pricing, SHORT, acc, **SGLANG_TREE), [0.1, 0.9, 1.4],
+                                  TREE_STATIC + [TREE_GOODPUT], folder / f"{pricing}_{acc}")[0]
+            for pricing in PRICING for acc in (0.3, 0.5, 0.7, 0.9)}
+
+
+@pytest.mark.parametrize("pricing", PRICING)
+@pytest.mark.parametrize("acceptance", [0.3, 0.5, 0.7, 0.9])
+def test_goodput_over_trees_stays_within_5_percent_of_the_best_static_shape(tree_grid, pricing, acceptance):
+    table = tree_grid[(pricing, acceptance)]
+    ratio = table[TREE_GOODPUT] / table[TREE_STATIC].min(axis=1)
+    assert (ratio <= 1.05).all(), ratio
+
+
+def test_the_best_static_tree_shape_shrinks_with_load(tree_grid):
+    """What makes the choice worth making: at light load the whole tree is best, past saturation a few nodes."""
+    table = tree_grid[("multi-query", 0.5)][TREE_STATIC]
+    best = [int(name.split(":")[1]) if ":" in name else 0 for name in table.idxmin(axis=1)]
+    assert best[0] == 7 and best[-1] <= 3, table
+
+
+def test_per_request_goodput_over_trees_beats_every_static_shape_when_requests_differ_in_acceptance(tmp_path):
+    # Beta(0.1, 0.1) top-1 rates (as the chain test above) on a vLLM tree of a 4-deep chain with side branches: a
+    # request accepting nearly everything wants the deep chain, one accepting nearly nothing the draft's second and
+    # third choices and no deep pass. Tree attention reads each cache once: multi-query pricing.
+    tree = "[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]"
+    config = base("multi-query", SHORT, 0.5, acceptance="beta", acceptance_concentration=0.2, num_requests=400,
+                  speculative_token_tree=tree, k=8)
+    static = ["no-spec"] + [f"fixed-k:{k}" for k in range(1, 9)]
+    adaptive = "goodput:8/mode=request/acceptance=request"
+    table, _ = sweep(config, [0.1, 0.7], static + [adaptive], tmp_path)
+    assert (table[adaptive] < table[static].min(axis=1)).all(), table

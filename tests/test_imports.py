@@ -227,3 +227,17 @@ def test_the_fleet_sits_beside_the_engine_room_never_inside_it():
     wrong = [f"{module} -> {target}" for module, edges in graph.items() if module.startswith("simulator.core")
              for target in edges if target.startswith("simulator.fleet")]
     assert not wrong, "the engine room imports the fleet:\n" + "\n".join(wrong)
+
+
+def test_disaggregated_serving_sits_in_the_fleet_room_and_its_study_among_the_studies():
+    """simulator/fleet/disagg.py (prefill and decode instances and the KV link between them) builds on the engine room
+    and the fleet's routers; the study of it (simulator/studies/disagg.py) runs configs through the fleet; neither the
+    engine room nor the fleet imports a study."""
+    graph = import_graph()
+    assert {"simulator.core.engine", "simulator.fleet.routers", "simulator.fleet.fleet"} <= set(
+        graph["simulator.fleet.disagg"])
+    assert "simulator.fleet" in graph["simulator.studies.disagg"]
+    wrong = [f"{module} -> {target}" for module, edges in graph.items()
+             if module.startswith(("simulator.core", "simulator.fleet")) for target in edges
+             if target.startswith("simulator.studies")]
+    assert not wrong, "the engine room or the fleet imports a study:\n" + "\n".join(wrong)

@@ -26,6 +26,10 @@ RESULTS = {
     "calibration": ["calibration/fit_error.csv", "calibration/validation_error.csv", "calibration/parts_error.csv"],
     "normal_vs_speculative": ["normal_vs_speculative/runs.csv", "normal_vs_speculative/overall.csv"],
     "smartspec_reproduction": ["smartspec_reproduction/summary.csv", "smartspec_reproduction/crossovers.csv"],
+    "trees_and_heads": [f"trees_and_heads/{part}/summary.csv" for part in
+                        ("sanity", "concurrency", "rates", "goodput_concurrency", "goodput_rates", "ranks")],
+    "fleet": ["fleet/scaling.csv", "fleet/scaling_replicas.csv", "fleet/routers.csv", "fleet/routers_replicas.csv",
+              "fleet/disagg/azure/goodput.csv", "fleet/disagg/mooncake/goodput.csv"],
 }
 #: Notebooks that run real models (the profile extra); every other one must run without torch.
 NEEDS_TORCH = {"normal_vs_speculative"}
@@ -182,6 +186,25 @@ def test_bursty_traffic_falls_back_to_a_synthetic_workload_without_the_traces(tm
     assert sorted(p.name for p in (tmp_path / "bursty_traffic").glob("synthetic_*.csv")) == [
         "synthetic_code_80.csv", "synthetic_conv_80.csv"]
     assert len(list((tmp_path / "bursty_traffic").rglob("summary.csv"))) == 2
+
+
+def test_fleet_falls_back_to_synthetic_multi_turn_sessions_without_the_traces(tmp_path, monkeypatch):
+    """Without ../shared/traces both traces are stood in for by multi-turn sessions (a session's turns share one
+    prompt_id: one growing token stream), on which the session router keeps a conversation on one replica and so
+    finds its earlier turns in that replica's prefix cache more often than round robin does."""
+    notebook, path = patched("fleet", 'TRACES = REPO.parent / "shared" / "traces"',
+                             f'TRACES = Path({str(tmp_path / "no-traces")!r})', tmp_path, monkeypatch)
+    execute(notebook, path)
+    assert stdout(notebook).count("FALLBACK:") == 2
+    out = tmp_path / "fleet"
+    assert sorted(p.name for p in out.glob("synthetic_*.csv")) == ["synthetic_azure_60.csv",
+                                                                   "synthetic_mooncake_60.csv"]
+    sessions = pd.read_csv(out / "synthetic_mooncake_60.csv")
+    assert sessions["prompt_id"].nunique() < len(sessions)
+    turns = sessions.groupby("prompt_id")["prompt_tokens"]
+    assert turns.apply(lambda p: p.is_monotonic_increasing).all()  # a later turn's prompt holds the earlier one's
+    routers = pd.read_csv(out / "routers.csv").set_index(["trace", "router", "policy"])["prefix_cache_hit_rate"]
+    assert routers["mooncake", "session", "no-spec"] > routers["mooncake", "round-robin", "no-spec"]
 
 
 def test_normal_vs_speculative_falls_back_to_the_tiny_pair_without_the_smollm2_wheel(tmp_path, monkeypatch):

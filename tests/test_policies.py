@@ -335,7 +335,7 @@ def test_goodput_params_parse_from_strings():
 
 # --- registry -----------------------------------------------------------------------------------------
 def test_builtin_policies_are_registered():
-    assert {"no-spec", "fixed-k", "threshold", "goodput"} <= set(names())
+    assert {"no-spec", "fixed-k", "threshold", "goodput", "vllm-batch-table", "sglang-adaptive"} <= set(names())
 
 
 def test_user_policy_file_registers_a_policy(tmp_path):

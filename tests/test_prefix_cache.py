@@ -359,3 +359,75 @@ def test_repeated_prompts_skip_the_prefill_of_their_cached_blocks(cost_json, tmp
     assert s["prefix_cache_query_tokens"] == off.steps["prefill_tokens"].sum()
     assert on.steps["prefill_tokens"].sum() == s["prefix_cache_query_tokens"] - s["prefix_cache_hit_tokens"]
     assert on.requests["ttft"].mean() < off.requests["ttft"].mean()
+
+
+# --- blocks keyed by a trace's content hashes (Mooncake's hash_ids) --------------------------------------
+
+def test_an_engine_block_is_keyed_by_the_trace_block_holding_its_last_token_and_where_it_ends():
+    from simulator.core.prefix_cache import END_BITS, trace_block_keys
+
+    ids = np.array([7, 9], dtype=np.int64)  # two trace blocks of 32 tokens, a prompt of 64
+    assert trace_block_keys(ids, 64, 16, 32) == [7 << END_BITS | 16, 7 << END_BITS | 32, 9 << END_BITS | 16,
+                                                 9 << END_BITS | 32]
+    # a block size that does not divide the trace's: the 24-token block ending at 48 lies across both trace blocks
+    assert trace_block_keys(ids, 64, 24, 32) == [7 << END_BITS | 24, 9 << END_BITS | 16]
+    assert trace_block_keys(ids, 47, 24, 32) == [7 << END_BITS | 24]  # the partial last block has no key
+
+
+def test_trace_keys_share_exactly_the_common_prefix():
+    from simulator.core.prefix_cache import trace_block_keys
+
+    a = trace_block_keys(np.array([0, 1, 2]), 1536, BS, 512)
+    b = trace_block_keys(np.array([0, 1, 5]), 1536, BS, 512)  # the third block differs
+    c = trace_block_keys(np.array([0, 1]), 600, BS, 512)  # a prefix of a's prompt: block 1 partial (88 tokens)
+    assert a[:64] == b[:64] and not set(a[64:]) & set(b[64:])
+    assert c == a[:len(c)] and len(c) == 600 // BS
+
+
+def test_a_workload_with_trace_blocks_keys_its_prompts_by_them(tmp_path: Path):
+    from simulator.core.prefix_cache import prompt_keys, trace_block_keys
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [3, 4]}\n'
+                    '{"timestamp": 1, "input_length": 512, "output_length": 3, "hash_ids": [3]}\n')
+    w = read_trace(str(path))
+    keys = prompt_keys(w, BS)
+    assert keys(0) == trace_block_keys(np.array([3, 4]), 600, BS, 512) and keys(1) == keys(0)[:32]
+    plain = Workload(np.zeros(2), [64, 64], [1, 1], "t", prompt_id=[5, 5])
+    assert list(prompt_keys(plain, BS)(1)) == list(block_hashes(5, 64, BS))
+
+
+@engine_wired
+def test_with_room_for_everything_the_hit_rate_is_the_infinite_cache_bound(cost_json, tmp_path):
+    """A trace of conversations (each turn's prompt the previous turns plus a new block): the engine's hit rate with a
+    cache that never evicts equals the leading blocks already seen, counted request by request (vLLM's
+    max_cache_hit_length: the last token is computed)."""
+    from simulator.core.prefix_cache import prompt_keys
+    from simulator.core.runner import run_simulation
+
+    rng = np.random.default_rng(4)
+    rows, conversations = [], [[next_id] for next_id in range(5)]
+    next_id = 5
+    for i in range(60):
+        turn = conversations[int(rng.integers(5))]
+        turn.append(next_id)
+        next_id += 1
+        tokens = 512 * (len(turn) - 1) + int(rng.integers(1, 513))
+        rows.append(f'{{"timestamp": {i * 400}, "input_length": {tokens}, "output_length": 4, "hash_ids": {turn}}}')
+    path = tmp_path / "conv.jsonl"
+    path.write_text("\n".join(rows) + "\n")
+    config = SimConfig(arrival="trace", trace=str(path), enable_prefix_caching=True, block_size=BS,
+                       profile=cost_json(target=0.01, prefill=0.01, per_prompt_token=1e-6), num_gpu_blocks=1_000_000)
+    summary = run_simulation(config).summary
+    w = read_trace(str(path))
+    keys, seen, hit = prompt_keys(w, BS), set(), 0
+    for rid in range(len(w)):
+        tokens = int(w.prompt_tokens[rid])
+        for key in keys(rid)[:(tokens - 1) // BS]:
+            if key not in seen:
+                break
+            hit += BS
+        seen.update(keys(rid))
+    assert summary["prefix_cache_evicted_blocks"] == 0 and hit > 0
+    assert summary["prefix_cache_hit_tokens"] == hit
+    assert summary["prefix_cache_hit_rate"] == hit / int(w.prompt_tokens.sum())

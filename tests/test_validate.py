@@ -135,6 +135,28 @@ def test_the_twin_and_its_paired_simulation_meet_the_same_draws(tiny, monkeypatc
     assert result.table["sim_seed_spread"].notna().any()
 
 
+def test_a_tree_policy_runs_beside_a_chain_one_and_its_twin_meets_the_same_draws(tiny):
+    """A policy spec ending in @tree runs with the token tree in both engines: the real engine drafts and verifies
+    each request's 3-node tree, the simulator prices and draws it; with a timing twin on common random numbers (one
+    request at a time) both accept exactly the same tokens, and the chain policy beside it keeps its own draws."""
+    pair, profile, trace = tiny
+    settings = ValidateSettings(pair="tiny", rates=(1e6,), policies=("fixed-k:2", "fixed-k:3@tree"), num_requests=4,
+                                output_len=20, max_num_seqs=1, profile=profile, acceptance_trace=trace, sim_seeds=2,
+                                twin=0.5, speculative_token_tree="[(0,), (1,), (0, 0)]", floor_draws=0)
+    result = run_validation(pair, settings, log=lambda msg: None)
+    decisions = result.decisions.set_index("policy")
+    for policy in ("fixed-k:2", "fixed-k:3@tree"):
+        row = decisions.loc[policy]
+        assert row["real_proposed_tokens"] == row["sim_proposed_tokens"] > 0
+        assert row["real_accepted_tokens"] == row["sim_accepted_tokens"] > 0
+    tree_run = result.real[(1e6, "fixed-k:3@tree")]
+    assert tree_run.summary["speculative_token_tree"] == "[(0,), (1,), (0, 0)]"
+    assert (tree_run.acceptance["proposed"] == 3).all() and tree_run.acceptance["accepted"].max() == 2
+    with pytest.raises(UserError, match="--speculative-token-tree: path \\(1, 1\\) has no parent"):
+        ValidateSettings(pair="tiny", policies=("fixed-k:2@tree",), profile=profile, acceptance_trace=trace,
+                         speculative_token_tree="[(0,), (1, 1)]", twin=0.5)
+
+
 def test_a_speed_probe_times_the_profiles_own_points_and_takes_medians(tiny):
     """One call times each chosen profile point once (seconds now / seconds in the profile); the speed is the
     median over points of each point's mean ratio (a pass's tail counts: latencies add passes up), over the

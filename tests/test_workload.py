@@ -299,3 +299,55 @@ def test_blank_lines_header_spaces_quotes_and_extra_columns_are_read_as_a_person
     trace = read_trace(path)
     assert trace.arrival_time.tolist() == [0.0, 1.5]
     assert trace.prompt_tokens.tolist() == [5, 7] and trace.output_tokens.tolist() == [3, 2]
+
+
+# --- Mooncake's JSON lines with content hashes ------------------------------------------------------
+
+MOONCAKE_JSONL = TRACES / "mooncake" / "conversation_trace.jsonl"
+
+
+def jsonl(path: Path, *rows: str) -> str:
+    return write(path, "\n".join(rows) + "\n")
+
+
+def test_mooncake_jsonl_is_read_with_its_block_hashes(tmp_path):
+    path = jsonl(tmp_path / "t.jsonl",
+                 '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}',
+                 "",  # a blank line is skipped
+                 '{"timestamp": 1500, "input_length": 512, "output_length": 3, "hash_ids": [0]}')
+    w = read_trace(path)
+    assert w.arrival_time.tolist() == [0.0, 1.5]  # milliseconds -> seconds
+    assert (w.prompt_tokens.tolist(), w.output_tokens.tolist()) == ([600, 512], [5, 3])
+    assert w.prompt_id is None and w.blocks.tokens == 512
+    assert w.blocks.of(0).tolist() == [0, 1] and w.blocks.of(1).tolist() == [0]
+    head = replay(path, num_requests=1)  # a truncated trace keeps its requests' blocks
+    assert head.blocks.of(0).tolist() == [0, 1] and len(head.blocks.offsets) == 2
+
+
+@pytest.mark.parametrize("row, expected", [
+    ("not json", "line 1: not a JSON object"),
+    ('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0]}',
+     "line 1: hash_ids has 1 ids; input_length 600 needs 2"),
+    ('{"timestamp": 0, "input_length": 0, "output_length": 5, "hash_ids": []}', "line 1: input_length must be"),
+    ('{"timestamp": 0, "input_length": 10, "output_length": 5, "hash_ids": [-1]}', "line 1: hash_ids must be"),
+    ('{"input_length": 10, "output_length": 5, "hash_ids": [1]}', "line 1: timestamp must be a number"),
+])
+def test_a_bad_mooncake_line_stops_with_one_line_naming_it(tmp_path, row, expected):
+    with pytest.raises(UserError, match=expected) as err:
+        read_trace(jsonl(tmp_path / "bad.jsonl", row))
+    assert "\n" not in str(err.value)
+
+
+def test_a_mooncake_trace_going_backwards_is_refused(tmp_path):
+    path = jsonl(tmp_path / "back.jsonl", '{"timestamp": 9, "input_length": 1, "output_length": 1, "hash_ids": [0]}',
+                 '{"timestamp": 3, "input_length": 1, "output_length": 1, "hash_ids": [1]}')
+    with pytest.raises(UserError, match="line 2: timestamp goes backwards"):
+        read_trace(path)
+
+
+def test_the_released_mooncake_trace_has_a_block_id_per_512_tokens():
+    w = read_trace(shared_trace(MOONCAKE_JSONL))
+    assert len(w) == 12_031 and w.blocks.ids.size == 288_500
+    assert w.blocks.of(0).tolist() == list(range(14)) and w.prompt_tokens[0] == 6758
+    ids = w.blocks.ids.tolist()  # the README's figure: 36.6% of the blocks repeat an earlier request's
+    assert round(1 - len(set(ids)) / len(ids), 3) == 0.366

@@ -14,6 +14,10 @@ SDPA attention, eval mode) straight on its device. A pass is one of
 attention reads the same bytes either way. Sequences are unpadded: positions run ``L .. L + q - 1`` and
 the attention mask is all ones.
 
+The serving engine's batches of unequal sequences (:class:`BatchCache`) also run token trees: :func:`tree_pass`
+feeds a block whose slots attend where a 4-D mask says (tree attention) and returns hidden states, and
+:func:`keep_tokens` masks out every fed token but an accepted path.
+
 Works with transformers 5.x: the cache keyword is ``cache`` from 5.2x on and ``past_key_values`` before
 (:func:`_cache_kwarg` asks the model's signature); ``DynamicCache.crop`` takes a negative count (tokens to
 drop) in every 5.x. Model configs are validated by :func:`profiles.analytical.read_model_config`.
@@ -255,10 +259,46 @@ def batch_pass(model: PreTrainedModel, batch: BatchCache, tokens: list[list[int]
 
 
 @torch.inference_mode()
+def tree_pass(model: PreTrainedModel, batch: BatchCache, ids: torch.Tensor, embeds: torch.Tensor | None,
+              positions: torch.Tensor, visible: torch.Tensor, new_valid: torch.Tensor) -> torch.Tensor:
+    """Run a block of ``q`` new slots per sequence after ``batch``'s slots, attending where ``visible`` says,
+    appending their KV; the final-normed hidden states of the block ``(batch_size, q, hidden)``.
+
+    ``ids`` ``(batch_size, q)`` token ids, or ``embeds`` ``(batch_size, q, hidden)`` input embeddings instead (an
+    EAGLE head's fused input); ``positions`` ``(batch_size, q)`` their rotary positions; ``visible``
+    ``(batch_size, q, width + q)`` bool, which cached and new slots each new slot attends to (a token tree's
+    ancestors: tree attention, passed to SDPA as a 4-D mask); ``new_valid`` ``(batch_size, q)`` which new slots
+    hold tokens (the rest are padding, masked out of later passes). The caller applies the LM head to the
+    columns it needs (``model.lm_head``).
+    """
+    inputs = {"inputs_embeds": embeds} if embeds is not None else {"input_ids": ids}
+    out = model.model(**inputs, position_ids=positions, attention_mask=visible[:, None], use_cache=True,
+                      **{_cache_kwarg(model.model): batch.cache})
+    batch.valid = torch.cat([batch.valid, new_valid], dim=1)
+    return out.last_hidden_state
+
+
+@torch.inference_mode()
+def keep_tokens(batch: BatchCache, keep: torch.Tensor) -> None:
+    """Keep the tokens of each sequence that ``keep`` marks (bool, ``(batch_size, most tokens held)``: token t of
+    sequence i is its t-th valid slot), masking the others out; trailing slots that no sequence keeps are cropped.
+    A kept token keeps its rotary position: keep tokens whose positions still count them in order (the prefix
+    and one path of a token tree)."""
+    held = (batch.valid.cumsum(dim=1) - 1).clamp(min=0)                  # (B, width): token index of each slot
+    batch.valid &= keep.gather(1, held.clamp(max=keep.shape[1] - 1))
+    _crop_unused(batch)
+
+
+@torch.inference_mode()
 def truncate(batch: BatchCache, lengths: torch.Tensor) -> None:
     """Keep the first ``lengths[i]`` tokens of sequence ``i`` (int64, ``(batch_size,)``), dropping later ones;
     trailing slots that no sequence keeps are cropped from the cache."""
     batch.valid &= batch.valid.cumsum(dim=1) <= lengths[:, None]
+    _crop_unused(batch)
+
+
+def _crop_unused(batch: BatchCache) -> None:
+    """Crop the trailing slots that no sequence holds a token in."""
     used = torch.nonzero(batch.valid.any(dim=0))
     width = int(used.max()) + 1 if used.numel() else 0
     if width < batch.width:

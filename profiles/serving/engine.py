@@ -21,7 +21,18 @@ sum_i (p_i + 1) tokens (p_i proposed). Lossless:
   a token x drafted from q is accepted with probability min(1, p(x) / q(x)); at the first rejection the
   next token is drawn from norm(max(0, p - q)); when all are accepted a bonus token is drawn from p at the
   next position. Each output token is then distributed as the target's p. An n-gram proposal is a draft q
-  with all its mass on the proposed token.
+  with all its mass on the proposed token. (:mod:`profiles.serving.rejection_sampler`.)
+
+Token trees (``EngineConfig.tree``, vLLM's ``speculative_token_tree``) and EAGLE heads (``speculative_method``
+eagle): a request's k maps to the family's k-node subtree (a chain of k without a tree); a proposer
+(:class:`profiles.serving.draft_model.DraftModelTrees`, :class:`profiles.serving.eagle.EagleProposer`) drafts it one
+depth per pass (:mod:`profiles.serving.token_tree`: greedy, the draft's top candidates; sampling, draws without
+replacement), and one target pass verifies every request's root and tree with tree attention (each node attends to
+its sequence's cache and its own ancestors, at the position of its depth). The greedy walk or recursive rejection
+sampling over siblings (:mod:`profiles.serving.tree_sampler`) picks the accepted path, whose keys and values the
+target keeps while the rest are dropped. A chain family with the draft model runs the chain code above; an EAGLE head
+always runs the tree code (its chains are one-child trees), its drafts on the target's hidden states, which the
+target's passes then hand on.
 
 KV caches: one :class:`profiles.serving.kv.KVBatch` per model for the running batch, on the forward path of
 ``EngineConfig.forward``: ``eager`` (Hugging Face's cache, a padded rectangle compacted on every merge and
@@ -74,16 +85,25 @@ import torch
 from transformers import PreTrainedModel
 
 from policies.base import BatchView, Policy, StepOutcome
+from policies.tree import TreeFamily, TreeShape
 from policies.protocol import admit_fcfs, checked_proposal, is_speculative, lookahead
+from profiles.models.eagle_head import EagleHead
 from profiles.models.optimized import FORWARDS
 from profiles.serving.kv import KVBatch, make_kv_batch
+from profiles.serving.draft_model import DraftModelTrees
+from profiles.serving.eagle import EagleProposer
+from profiles.serving.rejection_sampler import accept_greedy, accept_sampled, draw, probabilities
+from profiles.serving.token_tree import DraftTree, TreeProposer, kept_tokens, path_of_depth, verification_block
+from profiles.serving.tree_sampler import walk_greedy, walk_sampled
 from simulator.config import SimConfig
 from simulator.costs.cost_model import CostModel
-from simulator.inputs.acceptance import AcceptanceModel
+from simulator.inputs.acceptance import AcceptanceModel, tree_family
 from policies.errors import UserError
 from simulator.metrics import Recorder, summarize
 from simulator.inputs.workload import Workload
 
+#: The speculative methods (vLLM's names) the real engine runs.
+ENGINE_METHODS = ("draft_model", "eagle", "ngram")
 #: Extra per-step columns of the engine: tokens in the running requests' contexts before a decode step (the
 #: cost model's ``context_tokens``; 0 for a prefill), the target cache's slots then (batch size x width:
 #: what attention reads, padding and rolled-back slots included), the step's timed target and draft work
@@ -109,7 +129,14 @@ class EngineConfig:
     max_k: int = 4
     """Bound on any request's proposal length, the policy's k (``SimConfig.k``)."""
     proposer: str = "draft"
-    """``draft`` (a draft model) or ``ngram`` (prompt lookup) (``SimConfig.proposer``)."""
+    """``draft`` (a draft model or head) or ``ngram`` (prompt lookup) (``SimConfig.proposer``)."""
+    speculative_method: str | None = None
+    """vLLM's method (``SimConfig.speculative_method``; SGLang's names mapped): ``draft_model`` (the draft model),
+    ``eagle`` (an EAGLE head, :mod:`profiles.serving.eagle`) or ``ngram``; None: as ``proposer`` says."""
+    tree: TreeFamily | None = None
+    """The token tree (:class:`policies.tree.TreeFamily`, as :func:`simulator.inputs.acceptance.tree_family` builds it
+    from a simulation's config): a policy's k verifies ``tree.shape(k)``, k at most its nodes. None: chains of k. A
+    chain family runs the chain code path."""
     block_size: int = 16
     """Tokens per KV block, only to report ``kv_blocks_used`` as the simulator does (``SimConfig.block_size``)."""
     temperature: float = 0.0
@@ -141,18 +168,36 @@ class EngineConfig:
             raise UserError(f"engine: ngram_max must be >= ngram_min (got {self.ngram_max} < {self.ngram_min})")
         if not self.probe_every >= 0:
             raise UserError(f"engine: probe_every must be >= 0 seconds (got {self.probe_every})")
+        if self.method not in ENGINE_METHODS:
+            raise UserError(f"engine: speculative_method {self.method} is simulated only; the real engine runs "
+                            f"{', '.join(ENGINE_METHODS)}")
+        if self.tree is not None:
+            if self.proposer != "draft":
+                raise UserError("engine: a token tree needs a model proposer (proposer=draft): an n-gram lookup "
+                                "proposes one chain")
+            if self.max_k > self.tree.num_nodes:
+                raise UserError(f"engine: k={self.max_k} is more than the token tree's {self.tree.num_nodes} nodes")
+
+    @property
+    def method(self) -> str:
+        """vLLM's name of the speculative method: ``speculative_method``, or ``proposer``'s."""
+        config = self.serving_config()
+        return config.speculative_method or ("ngram" if config.proposer == "ngram" else "draft_model")
 
     def serving_config(self, **fields: Any) -> SimConfig:
         """A simulator config with this engine's serving fields (and ``fields``)."""
         return SimConfig(**{"arrival": "poisson", "rate": 1.0, "num_requests": 1, **fields,
                             "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
-                            "k": self.max_k, "proposer": self.proposer, "block_size": self.block_size})
+                            "k": self.max_k, "proposer": self.proposer, "block_size": self.block_size,
+                            "speculative_method": self.speculative_method})
 
     @classmethod
     def from_sim_config(cls, config: SimConfig, **engine_only: Any) -> "EngineConfig":
-        """The engine's settings for what ``config`` simulates (its serving fields) and ``engine_only`` fields."""
+        """The engine's settings for what ``config`` simulates (its serving fields, its method and token tree) and
+        ``engine_only`` fields."""
         return cls(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-                   max_k=config.k, proposer=config.proposer, block_size=config.block_size, **engine_only)
+                   max_k=config.k, proposer=config.proposer, block_size=config.block_size,
+                   speculative_method=config.speculative_method, tree=tree_family(config), **engine_only)
 
 
 @dataclass(frozen=True)
@@ -171,45 +216,7 @@ class EngineResult:
     summary: dict
 
 
-# -- acceptance rules and proposals (pure functions) ----------------------------------------------
-def probabilities(logits: torch.Tensor, temperature: float) -> np.ndarray:
-    """softmax(logits / temperature) over the last axis, float64."""
-    return torch.softmax(logits.double() / temperature, dim=-1).cpu().numpy()
-
-
-def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
-    """One token from ``probs`` (need not sum exactly to 1), by inversion of one uniform."""
-    cdf = np.cumsum(probs)
-    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(probs) - 1))
-
-
-def accept_greedy(proposal: Sequence[int], target_argmax: Sequence[int]) -> tuple[int, int]:
-    """Greedy verification: ``(a, token)``, a = number of leading proposed tokens equal to the target's
-    argmax at their position (``target_argmax[j]`` predicts ``proposal[j]``), token = the argmax after them."""
-    a = 0
-    while a < len(proposal) and proposal[a] == target_argmax[a]:
-        a += 1
-    return a, int(target_argmax[a])
-
-
-def accept_sampled(proposal: Sequence[int], p: np.ndarray, q: np.ndarray,
-                   rng: np.random.Generator) -> tuple[int, int]:
-    """The rejection rule (Leviathan et al. 2023, Alg. 1; Chen et al. 2023): ``(a, token)``.
-
-    ``p[j]`` is the target's distribution at the position of ``proposal[j]`` (``len(proposal) + 1`` rows,
-    the last one after the whole proposal), ``q[j]`` the draft's that ``proposal[j]`` was drawn from. Token j
-    is accepted with probability min(1, p_j(x) / q_j(x)) (one uniform each, in order); at the first rejection
-    the token is drawn from norm(max(0, p_j - q_j)), after a full acceptance from p at the next position.
-    """
-    for j, x in enumerate(proposal):
-        if rng.random() * q[j, x] < p[j, x]:
-            continue
-        residual = np.maximum(p[j] - q[j], 0.0)
-        # p_j(x) < q_j(x) puts mass elsewhere; a residual that rounds to nothing falls back to p_j.
-        return j, draw(residual if residual.sum() > 0 else p[j], rng)
-    return len(proposal), draw(p[len(proposal)], rng)
-
-
+# -- proposals (pure functions) ----------------------------------------------------------------
 def ngram_proposal(tokens: Sequence[int], k: int, n_min: int, n_max: int) -> list[int]:
     """Prompt lookup (Saxena, 2023; vLLM's ``ngram`` proposer): for n = n_max down to n_min, find the most
     recent earlier occurrence of the last n tokens and propose the (up to) k tokens that followed it;
@@ -293,6 +300,37 @@ class StepRunner:
         kv.truncate([n + 1 + a for n, a in zip(before, accepted)])
         return accepted, tokens
 
+    def verify_tree(self, kv: KVBatch, roots: list[int], trees: list[DraftTree], decided: list[int] | None = None,
+                    features: bool = False) -> tuple[list[list[int]], list[int], list[torch.Tensor] | None]:
+        """One target pass over each row's root (its newest token) and drafted tree, with tree attention
+        (:func:`profiles.serving.token_tree.verification_block`); each row's accepted path (node indices) and the
+        token after it (:mod:`profiles.serving.tree_sampler`), with every other tree token rolled back from ``kv``.
+        ``decided`` (timing twin): accepted lengths drawn elsewhere: the path to the tree's first node of that depth,
+        the next token the target's argmax after it. ``features``: also each row's final-normed target hidden states
+        at its root and path nodes ``(1 + len(path), hidden)`` (a head's next inputs)."""
+        held = kv.lengths()
+        states = kv.extend_tree(verification_block(roots, trees, held))      # (B, q, hidden)
+        logits = self.target.lm_head(states)                                  # (B, q, vocab)
+        paths, tokens = [], []
+        if decided is not None or self.temperature == 0:
+            argmax = logits.argmax(dim=-1).tolist()
+            for i, tree in enumerate(trees):
+                if decided is None:
+                    path, token = walk_greedy(tree, argmax[i])
+                else:
+                    path = path_of_depth(tree, int(decided[i]))
+                    token = int(argmax[i][1 + path[-1] if path else 0])
+                paths.append(path)
+                tokens.append(token)
+        else:
+            for i, tree in enumerate(trees):
+                path, token = walk_sampled(tree, probabilities(logits[i, :1 + tree.size], self.temperature), self.rng)
+                paths.append(path)
+                tokens.append(token)
+        kv.keep(held, [kept_tokens(path, h) for path, h in zip(paths, held)])
+        return paths, tokens, [states[i, [0] + [1 + n for n in path]] for i, path in enumerate(paths)] \
+            if features else None
+
 
 # -- the engine ----------------------------------------------------------------------------------
 class RealEngine:
@@ -312,11 +350,21 @@ class RealEngine:
         self.cost_model = cost_model
         self.speculative = is_speculative(policy.name, config.max_k)
         self.use_draft = self.speculative and config.proposer == "draft"
+        self.method = config.method
         if self.use_draft and draft is None:
             raise UserError("engine: the draft proposer needs a draft model (or use proposer ngram)")
         if draft is not None and draft.config.vocab_size != target.config.vocab_size:
             raise UserError(f"engine: the draft's vocabulary ({draft.config.vocab_size} tokens) differs from the "
                             f"target's ({target.config.vocab_size}); a draft must share the target's tokenizer")
+        if self.use_draft and isinstance(draft, EagleHead) != (self.method == "eagle"):
+            raise UserError(f"engine: speculative_method {self.method} needs "
+                            f"{'an EAGLE head' if self.method == 'eagle' else 'a draft model, not an EAGLE head'}")
+        self.family = config.tree
+        # Trees, and every head's chain, go through the tree code; a draft model's chains through the chain code.
+        self.tree_mode = self.use_draft and (self.method == "eagle" or (self.family is not None and
+                                                                         not self.family.is_chain))
+        self.features = self.tree_mode and self.method == "eagle"
+        """Whether the target's passes hand their hidden states on (an EAGLE head's inputs)."""
         self.runner = StepRunner(target, draft if self.use_draft else None, config.temperature, rng)
 
     # -- checks --------------------------------------------------------------------------------
@@ -328,6 +376,10 @@ class RealEngine:
         vocab = self.runner.target.config.vocab_size
         extra = lookahead(self.config.max_k, self.speculative)
         for i, prompt in enumerate(prompts):
+            if self.features and len(prompt) < 2:
+                raise UserError(f"engine: request {i}: the EAGLE head needs prompts of at least 2 tokens (got "
+                                f"{len(prompt)}): it reads the target's feature of each prompt position with the token "
+                                "after it")
             if len(prompt) != workload.prompt_tokens[i]:
                 raise UserError(f"engine: request {i}: prompt has {len(prompt)} tokens, the workload says "
                                 f"{int(workload.prompt_tokens[i])}")
@@ -358,8 +410,14 @@ class RealEngine:
         max_len = longest + 2 * lookahead(cfg.max_k, self.speculative)
         graphs = None if cfg.cuda_graphs else False  # None: graphs wherever the device has them
         self.target_kv = make_kv_batch(cfg.forward, self.runner.target, cfg.max_num_seqs, max_len, graphs)
-        self.draft_kv = make_kv_batch(cfg.forward, self.runner.draft, cfg.max_num_seqs, max_len,
+        draft_model = self.runner.draft.model if self.method == "eagle" and self.use_draft else self.runner.draft
+        self.draft_kv = make_kv_batch(cfg.forward, draft_model, cfg.max_num_seqs, max_len,
                                       graphs) if self.use_draft else None
+        self.proposer: TreeProposer | None = None
+        if self.tree_mode:
+            self.proposer = EagleProposer(self.runner.draft, self.draft_kv, cfg.temperature, self.runner.rng) \
+                if self.method == "eagle" else \
+                DraftModelTrees(self.runner.draft, self.draft_kv, cfg.temperature, self.runner.rng)
         arrivals = workload.arrival_time.tolist()
         arrived = 0
         self._captured_before = self._captured()
@@ -396,6 +454,8 @@ class RealEngine:
         summary = summarize(requests, self.rec.acceptance_length())
         summary.update({"policy": self.policy.name, "k": cfg.max_k, "steps": self.rec.num_steps,
                         "workload": workload.source, "temperature": cfg.temperature, "proposer": cfg.proposer,
+                        "speculative_method": self.method,
+                        "speculative_token_tree": None if self.family is None else str(self.family.full),
                         "forward": cfg.forward,
                         "graph_capture_seconds": round(self._captured() - self._captured_before, 3),
                         "probes": probes, "probe_seconds": round(self._paused, 3),
@@ -426,9 +486,16 @@ class RealEngine:
         runner = self.runner
         prompts = [self.prompts[r] for r in admitted]
         t0 = self._now()
-        first = runner.first_tokens(runner.prefill(self.target_kv, prompts))
+        features = None
+        if self.features:
+            features = self.target_kv.prefill_hidden(prompts)
+            first = runner.first_tokens(runner.target.lm_head(torch.stack([f[-1] for f in features])))
+        else:
+            first = runner.first_tokens(runner.prefill(self.target_kv, prompts))
         t1 = self._now()
-        if self.use_draft:
+        if self.proposer is not None:
+            self.proposer.prefill(prompts, first, features)
+        elif self.use_draft:
             runner.prefill(self.draft_kv, prompts)
         t2 = self._now()
         for rid, token in zip(admitted, first):
@@ -477,53 +544,20 @@ class RealEngine:
         return proposals, stacked, passes
 
     def _decode_step(self, step_start: float) -> None:
-        cfg = self.config
         context = np.array([len(self.prompts[r]) + len(self.outputs[r]) - 1 for r in self.rids], dtype=np.int64)
         slots = self.target_kv.slots()
         k = self._propose_k(step_start, context) if self.speculative else np.zeros(len(self.rids), dtype=np.int64)
         t0 = self._now()
-        passes = 0
-        q: list[np.ndarray | None] = [None] * len(self.rids)
-        catchup = 0
-        if self.use_draft and k.any():
-            draft_before = self.draft_kv.lengths()
-            catchup = len(self.pending) * max(map(len, self.pending))
-            proposals, q, passes = self._draft_proposals(k)
-        elif cfg.proposer == "ngram" and k.any():
-            proposals = [ngram_proposal(self.prompts[r] + self.outputs[r], int(ki), cfg.ngram_min, cfg.ngram_max)
-                         for r, ki in zip(self.rids, k)]
-        else:
-            proposals = [[] for _ in self.rids]
-        t1 = self._now()
-        last = [self.outputs[r][-1] for r in self.rids]
-        decided = None
-        if self.acceptance is not None:
-            proposed_now = np.array([len(p) for p in proposals], dtype=np.int64)
-            # drawn only when someone proposed, as the simulated engine draws: on the same batches both take the
-            # same draws of one stream (validate's common random numbers)
-            decided = self.acceptance.draw(np.asarray(self.rids, dtype=np.int64), proposed_now) \
-                if proposed_now.any() else proposed_now
-        accepted, tokens = self.runner.verify(self.target_kv, last, proposals, q, decided)
-        t2 = self._now()
-        proposed = np.array([len(p) for p in proposals], dtype=np.int64)
-        acc = np.asarray(accepted, dtype=np.int64)
+        speculate = self._tree_speculate if self.tree_mode else self._chain_speculate
+        proposed, accepted, tokens, catchup, t1, t2 = speculate(k)
+        acc = np.array([len(a) for a in accepted], dtype=np.int64)
         emitted = np.zeros(len(self.rids), dtype=np.int64)
-        draft_keep = [0] * len(self.rids)
         for i, rid in enumerate(self.rids):
-            new = (proposals[i][:accepted[i]] + [tokens[i]])[:int(self.output_len[rid]) - len(self.outputs[rid])]
+            new = (accepted[i] + [tokens[i]])[:int(self.output_len[rid]) - len(self.outputs[rid])]
             self.outputs[rid] += new
             emitted[i] = len(new)
-            if passes:
-                # draft tokens 1..passes-1 were fed to the draft; keep the accepted ones, the rest are rolled back
-                fed = min(accepted[i], passes - 1)
-                draft_keep[i] = draft_before[i] + len(self.pending[i]) + fed
-                self.pending[i] = proposals[i][fed:accepted[i]] + [tokens[i]]
-            elif self.use_draft:
-                self.pending[i].append(tokens[i])
             if self.speculative:
-                self.accept_rows.append((rid, int(proposed[i]), accepted[i]))
-        if passes:
-            self.draft_kv.truncate(draft_keep)
+                self.accept_rows.append((rid, int(proposed[i]), int(acc[i])))
         rids = np.asarray(self.rids, dtype=np.int64)
         if proposed.any():
             self.rec.decode(rids, proposed, np.minimum(acc, emitted), emitted)  # accepted tokens emitted
@@ -540,11 +574,82 @@ class RealEngine:
         for i in done:
             self.policy.finish(int(rids[i]))
 
+    def _twin_draws(self, proposed: list[int], trees: bool) -> list[int] | None:
+        """The timing twin's accepted counts (None: lossless), drawn only when someone proposed, as the simulated
+        engine draws: on the same batches both take the same draws of one stream (validate's common random numbers);
+        a tree's from the acceptance model's tree rule for the family's shapes (a chain family's as a chain's)."""
+        if self.acceptance is None:
+            return None
+        if not any(proposed):
+            return [0] * len(proposed)
+        rids = np.asarray(self.rids, dtype=np.int64)
+        if trees and self.family is not None and not self.family.is_chain:  # a chain draws as the simulator's
+            return self.acceptance.draw_tree(rids.tolist(), proposed, self.family)
+        return self.acceptance.draw(rids, np.asarray(proposed, dtype=np.int64)).tolist()
+
+    def _chain_speculate(self, k: np.ndarray) -> tuple[np.ndarray, list[list[int]], list[int], int, float, float]:
+        """A chain step (a draft model's k passes, or the n-gram lookup, then one verification): the tokens proposed,
+        the accepted ones and the token after them per row, the catch-up tokens, and the times the drafting and the
+        verification ended."""
+        cfg = self.config
+        passes = 0
+        q: list[np.ndarray | None] = [None] * len(self.rids)
+        catchup = 0
+        if self.use_draft and k.any():
+            draft_before = self.draft_kv.lengths()
+            catchup = len(self.pending) * max(map(len, self.pending))
+            proposals, q, passes = self._draft_proposals(k)
+        elif cfg.proposer == "ngram" and k.any():
+            proposals = [ngram_proposal(self.prompts[r] + self.outputs[r], int(ki), cfg.ngram_min, cfg.ngram_max)
+                         for r, ki in zip(self.rids, k)]
+        else:
+            proposals = [[] for _ in self.rids]
+        t1 = self._now()
+        last = [self.outputs[r][-1] for r in self.rids]
+        decided = self._twin_draws([len(p) for p in proposals], trees=False)
+        accepted, tokens = self.runner.verify(self.target_kv, last, proposals, q, decided)
+        t2 = self._now()
+        if passes:
+            # draft tokens 1..passes-1 were fed to the draft; keep the accepted ones, the rest are rolled back
+            draft_keep = []
+            for i in range(len(self.rids)):
+                fed = min(accepted[i], passes - 1)
+                draft_keep.append(draft_before[i] + len(self.pending[i]) + fed)
+                self.pending[i] = proposals[i][fed:accepted[i]] + [tokens[i]]
+            self.draft_kv.truncate(draft_keep)
+        elif self.use_draft:
+            for pending, token in zip(self.pending, tokens):
+                pending.append(token)
+        proposed = np.array([len(p) for p in proposals], dtype=np.int64)
+        return proposed, [p[:a] for p, a in zip(proposals, accepted)], tokens, catchup, t1, t2
+
+    def _tree_speculate(self, k: np.ndarray) -> tuple[np.ndarray, list[list[int]], list[int], int, float, float]:
+        """A tree step (:attr:`proposer` drafts each request's ``tree.shape(k)``, a chain of k without a tree; one
+        verification with tree attention); returns as :meth:`_chain_speculate`."""
+        assert self.proposer is not None
+        trees, catchup = None, 0
+        if k.any():
+            shapes = [None if not ki else self.family.shape(int(ki)) if self.family is not None
+                      else TreeShape.chain(int(ki)) for ki in k.tolist()]
+            trees, _, catchup = self.proposer.draft(shapes)
+        t1 = self._now()
+        drafted = trees if trees is not None else [DraftTree() for _ in self.rids]
+        proposed = [tree.size for tree in drafted]
+        last = [self.outputs[r][-1] for r in self.rids]
+        paths, tokens, features = self.runner.verify_tree(self.target_kv, last, drafted,
+                                                          self._twin_draws(k.tolist(), trees=True), self.features)
+        t2 = self._now()
+        self.proposer.commit(trees, paths, tokens, features)
+        accepted = [[tree.tokens[n] for n in path] for tree, path in zip(drafted, paths)]
+        return np.array(proposed, dtype=np.int64), accepted, tokens, catchup, t1, t2
+
     def _retire(self, done: list[int]) -> None:
         """Drop finished requests (rows ``done``) from the batch and its caches."""
         order = self.target_kv.remove(done)
-        if self.use_draft:
-            assert self.draft_kv.remove(done) == order  # both caches keep their rows in the same order
+        if self.proposer is not None:
+            assert self.proposer.remove(done) == order  # both caches keep their rows in the same order
+        elif self.use_draft:
+            assert self.draft_kv.remove(done) == order
         for rid in (self.rids[i] for i in done):
             if self.acceptance is not None:
                 self.acceptance.finish(rid)

@@ -32,6 +32,14 @@ same step's shape, which tells a cost-model error from a scheduling or acceptanc
 each real run's ``requests_*.csv`` and ``steps_*.csv``, and ``validate.png`` (real and simulated mean
 latency and TTFT against the rate, one colour per policy).
 
+**Token trees**: a policy spec ending in ``@tree`` (``fixed-k:4@tree``) runs with the token tree
+``--speculative-token-tree`` (vLLM's list of paths) in both engines, beside the chain policies: the real engine drafts
+each request's tree with its draft model and verifies it in one target pass with tree attention
+(:mod:`profiles.serving.token_tree`), the simulator prices the tree step (:mod:`policies.step_time`) and draws its
+accepted length from the measured acceptance by depth and rank (``--acceptance-by-rank``, written by ``run_sim.py
+profile --acceptance --acceptance-by-rank``); a timing twin draws it from the constant model's rank model in both
+engines. K defaults to the tree's nodes (the k-node subtree of highest expected acceptance otherwise).
+
 ``--pair tiny`` runs random tiny models on random prompts (for tests); it needs ``--profile`` and
 ``--acceptance-trace`` made for that pair. ``--profile-now`` measures the engine profile first, in the same run
 (:func:`profile_now`); ``--preset cpu`` is the CPU validation of the shipped results (:data:`PRESETS`).
@@ -63,11 +71,18 @@ import pandas as pd
 from profiles.models.pairs import PAIRS, ModelPair
 from profiles.validation.noise_floor import pass_scatter, step_pass_seconds, timing_floor
 from policies.errors import UserError
+from policies.tree import TreeShape
 from simulator.costs.profile_table import meta_path, read_json
 
 HERE = Path(__file__).resolve().parents[1]  # profiles/
 VALIDATION_PROFILE = HERE / "data" / "cpu__smollm2-135m__smollm2-draft.csv"
 VALIDATION_TRACE = HERE / "data" / "acceptance__smollm2.csv"
+VALIDATION_BY_RANK = HERE / "data" / "acceptance_by_rank__smollm2.csv"
+#: The token tree of ``@tree`` policies by default: 4 nodes (the CPU engine profile's verification covers k + 1 <= 5
+#: tokens per sequence): the draft's best two tokens, the best continuation of the first, and of that.
+DEFAULT_TREE = "[(0,), (1,), (0, 0), (0, 0, 0)]"
+#: The suffix of a policy spec that runs it with the token tree.
+TREE_SUFFIX = "@tree"
 METRICS = ["mean_latency", "p50_latency", "p90_latency", "mean_ttft", "p50_ttft", "p90_ttft",
            "mean_tpot", "p50_tpot", "p90_tpot", "throughput"]
 #: Columns of ``speed_probes.csv`` (:attr:`Validation.probes`).
@@ -82,7 +97,7 @@ class ValidateSettings:
 
     pair: str = "smollm2"
     rates: tuple[float, ...] = (0.5, 1.0, 2.0)
-    policies: tuple[str, ...] = ("no-spec", "fixed-k:3", "goodput")
+    policies: tuple[str, ...] = ("no-spec", "fixed-k:3", "goodput", "fixed-k:4@tree")
     num_requests: int = 12
     output_len: int = 32
     max_num_seqs: int = 8
@@ -91,6 +106,10 @@ class ValidateSettings:
     profile: str = str(VALIDATION_PROFILE)
     fitter: str = "interp"
     acceptance_trace: str = str(VALIDATION_TRACE)
+    speculative_token_tree: str = DEFAULT_TREE
+    """The token tree of the ``@tree`` policies (vLLM's ``speculative_token_tree``)."""
+    acceptance_by_rank: str = str(VALIDATION_BY_RANK)
+    """Measured acceptance by depth and rank: the simulated ``@tree`` runs' acceptance model (not with a twin)."""
     sim_seeds: int = 5
     threads: int = 1
     seed: int = 0
@@ -132,8 +151,12 @@ class ValidateSettings:
         for name in ("num_requests", "output_len", "max_num_seqs", "max_num_batched_tokens", "sim_seeds", "threads"):
             if getattr(self, name) < 1:
                 raise UserError(f"--{name.replace('_', '-')}: must be >= 1 (got {getattr(self, name)})")
+        trees = any(tree_spec(spec)[1] for spec in self.policies)
+        if trees:
+            TreeShape.parse(self.speculative_token_tree, "--speculative-token-tree")
         files = ([] if self.profile_now else [("--profile", self.profile)]) + \
-            ([("--acceptance-trace", self.acceptance_trace)] if self.twin is None else [])
+            ([("--acceptance-trace", self.acceptance_trace)] if self.twin is None else []) + \
+            ([("--acceptance-by-rank", self.acceptance_by_rank)] if self.twin is None and trees else [])
         for flag, path in files:
             if not Path(path).is_file():
                 raise UserError(f"{flag} {path}: no such file")
@@ -180,6 +203,23 @@ class Validation:
         """Median |relative error| over the latency, TTFT, TPOT and throughput figures."""
         column = "rel_error_calibrated" if calibrated else "rel_error"
         return float(self.table.loc[self.table["metric"].isin(METRICS), column].abs().median())
+
+
+def tree_spec(spec: str) -> tuple[str, bool]:
+    """A policy spec without its ``@tree`` suffix, and whether it had one (module docstring)."""
+    return (spec[:-len(TREE_SUFFIX)], True) if spec.endswith(TREE_SUFFIX) else (spec, False)
+
+
+def parse_policies(text: str) -> tuple[str, ...]:
+    """``--policies``: comma-separated policy specs, each checked as the simulator's studies check them
+    (:func:`simulator.studies.specs.parse_policy_list`) once its ``@tree`` suffix is off; none given twice."""
+    from simulator.studies.specs import parse_policy_list
+
+    specs = [p.strip() for p in (text or "").split(",") if p.strip()]
+    parse_policy_list("--policies", ",".join(dict.fromkeys(tree_spec(p)[0] for p in specs)))
+    if len(set(specs)) != len(specs):
+        raise UserError(f"--policies: a policy is given twice in {text!r}")
+    return tuple(specs)
 
 
 #: ``--preset cpu``: the CPU validation (issue targets: median |error| <= 3%, worst <= 10%, the real engine's best
@@ -257,7 +297,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
 
     from policies.registry import make_policy
     from profiles.serving.engine import EngineConfig, RealEngine
-    from simulator.inputs.acceptance import ConstantAcceptance
+    from simulator.inputs.acceptance import AcceptanceModel, make_acceptance
     from simulator.costs.cost_model import load_cost_model
     from profiles.engine_profile import SpeedProbe
     from simulator.costs.profile_table import read_profile
@@ -280,23 +320,24 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
         return EngineConfig.from_sim_config(config, forward=settings.forward, cuda_graphs=settings.cuda_graphs,
                                             probe_every=settings.probe_every, skip_idle=settings.skip_idle)
 
-    def twin(seed: int) -> ConstantAcceptance | None:
-        """The twin's acceptance model on the acceptance stream of the simulation of ``seed``: the real run and the
-        simulation of ``settings.seed`` draw the same accept/reject decisions on the same batches (common random
-        numbers), so that their difference is the timing's, not sampling's."""
-        return None if settings.twin is None else ConstantAcceptance(settings.twin, random_streams(seed)[2])
+    def twin(config: typing.Any, seed: int) -> AcceptanceModel | None:
+        """The twin's acceptance model (the simulation's own, of ``config``: constant, with its rank model for trees)
+        on the acceptance stream of the simulation of ``seed``: the real run and the simulation of ``settings.seed``
+        draw the same accept/reject decisions on the same batches (common random numbers), so that their difference
+        is the timing's, not sampling's."""
+        return None if settings.twin is None else make_acceptance(config, random_streams(seed)[2])
     scratch = tempfile.TemporaryDirectory(prefix="specsim-validate-")
-    specs = [parse_policy_spec(s) for s in settings.policies]
+    specs = [parse_policy_spec(tree_spec(s)[0]) for s in settings.policies]
     rows, parts, real, decisions, probes = [], [], {}, [], []
     runs = workloads(settings, prompt_pool(pair, settings.seed, settings.prompt_len))
     # Warm up (first passes pay for lazy initialisation): two requests, speculating, not recorded.
     warm_prompts = next(iter(runs.values()))[1][:2]
     warm_workload = next(iter(runs.values()))[0]
-    RealEngine(pair.target, pair.draft, engine_config(simulation_config(
-        warm_workload, "fixed-k", settings.k, (), settings.profile, settings.acceptance_trace, settings.fitter,
-        settings.max_num_seqs, settings.max_num_batched_tokens, twin=settings.twin)),
-        make_policy("fixed-k", settings.k), cost,
-                  np.random.default_rng(settings.seed), twin(settings.seed)).run(
+    warm_config = simulation_config(warm_workload, "fixed-k", settings.k, (), settings.profile,
+                                    settings.acceptance_trace, settings.fitter, settings.max_num_seqs,
+                                    settings.max_num_batched_tokens, twin=settings.twin)
+    RealEngine(pair.target, pair.draft, engine_config(warm_config), make_policy("fixed-k", settings.k), cost,
+               np.random.default_rng(settings.seed), twin(warm_config, settings.seed)).run(
         Workload(np.zeros(len(warm_prompts)), [len(p) for p in warm_prompts], np.full(len(warm_prompts), 8), "warm-up"),
         warm_prompts)
     before = reference_seconds(pair, settings)
@@ -319,15 +360,19 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
                 skipped.append(f"rate {rate:g} {spec}: not run, past --max-seconds {settings.max_seconds:g}")
                 log(skipped[-1])
                 continue
-            k = settings.k if k is None else k
+            tree = settings.speculative_token_tree if tree_spec(spec)[1] else None
+            if k is None:
+                k = TreeShape.parse(tree).num_nodes if tree is not None else settings.k
             first_sample = len(probe.samples) if probe is not None else 0
             speed_before = speed_now()
             config = simulation_config(workload, name, k, params, settings.profile, settings.acceptance_trace,
                                        settings.fitter, settings.max_num_seqs, settings.max_num_batched_tokens,
-                                       rate=rate, twin=settings.twin)
+                                       rate=rate, twin=settings.twin, token_tree=tree,
+                                       acceptance_by_rank=settings.acceptance_by_rank)
             during = len(probe.samples) if probe is not None else 0
-            engine = RealEngine(pair.target, pair.draft, engine_config(config), make_policy(name, k, dict(params)),
-                                cost, np.random.default_rng(settings.seed), twin(settings.seed), probe)
+            engine_settings = engine_config(config)
+            engine = RealEngine(pair.target, pair.draft, engine_settings, make_policy(name, k, dict(params)),
+                                cost, np.random.default_rng(settings.seed), twin(config, settings.seed), probe)
             result = engine.run(workload, prompts)
             real[(rate, spec)] = result
             speed_during = probe.speed(during) if probe is not None and len(probe.samples) > during else np.nan
@@ -354,7 +399,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
             # a diagnostic, fitted to the run (no prediction): the simulation at the speed read off the real run's own
             # passes (all its steps' measured seconds over the cost model's for their shapes), the error that is left
             # where the machine's speed is known exactly
-            own_parts = step_parts(result.steps, cost)
+            own_parts = step_parts(result.steps, cost, engine_settings.tree)
             own = own_parts.set_index("part").loc["all steps"]
             step_speed = float(own["measured"] / own["predicted"])
             at_step_speed = scaled_profile(table, step_speed, Path(scratch.name) / f"steps{len(rows)}.csv")
@@ -530,17 +575,24 @@ def crossover(choices: pd.DataFrame, side: str) -> float:
 def simulation_config(workload: typing.Any, policy: str, k: int, params: tuple[tuple[str, typing.Any], ...],
                       profile: str | Path, acceptance_trace: str | Path, fitter: str, max_num_seqs: int,
                       max_num_batched_tokens: int = 2048, policy_profile: str | Path | None = None,
-                      rate: float = 1.0, twin: float | None = None) -> typing.Any:
+                      rate: float = 1.0, twin: float | None = None, token_tree: str | None = None,
+                      acceptance_by_rank: str | Path | None = None) -> typing.Any:
     """The simulator's config for a run of the real engine on ``workload`` (module docstring): its cost
     ``profile`` (``fitter``), the measured acceptance replayed, no KV-block limit (as the engine), the engine's
     ``max_num_seqs`` and token budget; ``policy_profile``: what the policy prices its choices with (default the
     profile). Pass ``workload=`` to :func:`simulator.core.runner.run_simulation` with it: the arrivals are the
     workload's (``rate`` only names them in the config). ``twin``: the constant acceptance rate of a timing
-    twin instead of the replayed trace."""
+    twin instead of the replayed trace. ``token_tree``: every request verifies that tree's k-node subtree, its
+    acceptance drawn from the measured ``acceptance_by_rank`` table (a twin: from the constant rate's rank model)."""
     from simulator.config import SimConfig
 
     acceptance = {"acceptance": "replay", "acceptance_trace": str(acceptance_trace)} if twin is None else \
         {"acceptance": "constant", "acceptance_rate": twin}
+    if token_tree is not None:
+        acceptance["speculative_token_tree"] = token_tree
+        if twin is None:
+            acceptance = {"acceptance": "by-rank", "acceptance_by_rank": str(acceptance_by_rank),
+                          "speculative_token_tree": token_tree}
     return SimConfig(arrival="poisson", rate=rate, num_requests=len(workload), policy=policy, k=k,
                      policy_params=tuple(params), profile=str(profile),
                      policy_profile=None if policy_profile is None else str(policy_profile), fitter=fitter,
@@ -560,15 +612,18 @@ def scaled_profile(table: typing.Any, factor: float, path: Path) -> str:
     return str(path)
 
 
-def step_parts(steps: pd.DataFrame, cost: typing.Any) -> pd.DataFrame:
+def step_parts(steps: pd.DataFrame, cost: typing.Any, tree: typing.Any = None) -> pd.DataFrame:
     """Measured and predicted seconds of each part of a real run's steps, summed over the run.
 
     The prediction prices each real step's own shape: a prefill of ``batch_size`` prompts of
     ``prefill_tokens`` tokens (target and draft), a decode step of ``batch_size`` requests over
-    ``context_tokens`` verifying ``proposed + batch_size`` tokens after ``k_max`` draft passes over the whole
-    batch (the engine's passes), the first feeding ``catchup_tokens`` where the cost model prices a catch-up;
+    ``context_tokens`` verifying ``proposed + batch_size`` tokens after the draft passes of a chain of ``k_max``
+    (or, with a token ``tree`` family, of ``tree.shape(k_max)``: :func:`policies.step_time.tree_step`) over the
+    whole batch (the engine's passes), the first feeding ``catchup_tokens`` where the cost model prices a catch-up;
     overhead = ``overhead_time(batch_size)`` per step.
     """
+    from policies.step_time import tree_step
+
     speculative = steps["proposed"].sum() > 0 or (steps["draft_seconds"][steps["kind"] == "prefill"] > 0).any()
     measured = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "overhead": 0.0}
     predicted = dict(measured)
@@ -582,7 +637,11 @@ def step_parts(steps: pd.DataFrame, cost: typing.Any) -> pd.DataFrame:
             measured["draft"] += s.draft_seconds
             measured["verify"] += seconds
             predicted["verify"] += target
-            passes = [cost.draft_time(b, int(s.context_tokens) + b * j) for j in range(int(s.k_max))]
+            shape = tree.shape(int(s.k_max)) if tree is not None else TreeShape.chain(int(s.k_max))
+            # every sequence drafts the shape; only the batch's total context counts
+            shaped = tree_step([int(s.context_tokens)] + [0] * (b - 1), [shape] * b).draft_passes
+            passes = [cost.draft_time(seqs, tokens) if fed == seqs else cost.draft_time(seqs, tokens, fed)
+                      for seqs, tokens, fed in shaped]
             if passes and cost.prices_catchup and s.catchup_tokens > b:  # the first pass fed the draft's lag
                 passes[0] = cost.draft_time(b, int(s.context_tokens), int(s.catchup_tokens))
             predicted["draft"] += sum(passes)
@@ -691,7 +750,8 @@ def build_parser() -> _Parser:
     p.add_argument("--pair", default=d.pair, help=f"models: {', '.join(PAIRS)}")
     p.add_argument("--draft-path", help="folder of the draft (default: the shipped profiles/data/smollm2-draft)")
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in d.rates), help="request rates, req/s")
-    p.add_argument("--policies", default=",".join(d.policies), help="policy specs NAME[:K][/PARAM=VALUE...]")
+    p.add_argument("--policies", default=",".join(d.policies),
+                   help="policy specs NAME[:K][/PARAM=VALUE...][@tree] (@tree: with --speculative-token-tree)")
     p.add_argument("--k", type=int, default=d.k, help="k of policies whose spec gives none (K_max)")
     p.add_argument("--num-requests", type=int, default=d.num_requests, help="requests per run")
     p.add_argument("--output-len", type=int, default=d.output_len, help="output tokens per request")
@@ -702,6 +762,12 @@ def build_parser() -> _Parser:
     p.add_argument("--fitter", default=d.fitter, help="linear or interp")
     p.add_argument("--acceptance-trace", default=d.acceptance_trace,
                    help="measured acceptance (run_sim.py profile --acceptance)")
+    p.add_argument("--speculative-token-tree", default=d.speculative_token_tree,
+                   help="the token tree of the policies whose spec ends in @tree (vLLM's list of paths of child "
+                        f"ranks; default {d.speculative_token_tree})")
+    p.add_argument("--acceptance-by-rank", default=d.acceptance_by_rank,
+                   help="measured acceptance by depth and rank for the @tree policies' simulations (run_sim.py "
+                        "profile --acceptance --acceptance-by-rank)")
     p.add_argument("--sim-seeds", type=int, default=d.sim_seeds, help="simulations per run, averaged")
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of arrivals, prompt order and sampling")
@@ -738,7 +804,6 @@ def build_parser() -> _Parser:
 def main(argv: list[str]) -> int:
     """Run the ``validate`` command; returns the exit status (user errors raise :class:`UserError`)."""
     from simulator.results import check_out_dir
-    from simulator.studies.specs import parse_policy_list
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -749,11 +814,13 @@ def main(argv: list[str]) -> int:
         args = parser.parse_args(argv)
     check_out_dir(args.out)  # before the long runs: --out "" or a file is found now
     settings = ValidateSettings(pair=args.pair, rates=_floats("--rates", args.rates),
-                                policies=tuple(parse_policy_list("--policies", args.policies)),
+                                policies=parse_policies(args.policies),
                                 num_requests=args.num_requests,
                                 output_len=args.output_len, max_num_seqs=args.max_num_seqs,
                                 max_num_batched_tokens=args.max_num_batched_tokens, k=args.k, profile=args.profile,
                                 fitter=args.fitter, acceptance_trace=args.acceptance_trace, sim_seeds=args.sim_seeds,
+                                speculative_token_tree=args.speculative_token_tree,
+                                acceptance_by_rank=args.acceptance_by_rank,
                                 threads=args.threads, seed=args.seed, draft_path=args.draft_path, twin=args.twin,
                                 prompt_len=args.prompt_len, device=args.device, dtype=args.dtype, forward=args.forward,
                                 cuda_graphs=args.cuda_graphs, max_seconds=args.max_seconds,

@@ -44,6 +44,12 @@ profile's own):
   leading full prompt blocks already cached are held, not computed, and its prefill prices only the rest;
 - CUDA-graph padding (``cuda_graph_sizes``) is the cost model's (:mod:`simulator.costs.cuda_graphs`).
 
+Two hooks for disaggregated prefill and decode (:mod:`simulator.fleet.disagg`; unset, nothing changes): a prefill
+instance (:attr:`SimulatedEngine.handoff` set) hands each request whose prefill completed (first token emitted) to a
+callback, still holding its KV blocks until :meth:`SimulatedEngine.release_handoff`, instead of decoding it; a decode
+instance takes requests already prefilled through :meth:`SimulatedEngine.receive_prefilled` straight into its decode
+batch.
+
 Bookkeeping: ``ctx`` = tokens in a running request's KV cache before the next decode step
 = prompt + generated - 1 (the newest token enters the cache in the pass that verifies the next ones).
 A mixed chunked step costs its decode part plus its prefill part (an additive approximation: one fixed
@@ -52,6 +58,7 @@ per-pass cost too many). Times are seconds of simulated time; tokens are counts.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,11 +66,12 @@ import simpy
 
 from policies.base import BatchView, Policy, StepOutcome
 from policies.protocol import admit_fcfs, checked_proposal, draft_lag, lookahead
-from policies.step_time import catchup_step_seconds, predict_step_seconds, uniform_memo
+from policies.step_time import catchup_step_seconds, predict_step_seconds, predict_tree_seconds, uniform_memo
+from policies.tree import TreeFamily
 from policies.errors import UserError
 from simulator.core import runs
-from simulator.core.prefix_cache import PrefixCache, block_hashes
-from simulator.core.runs import DecodeRuns
+from simulator.core.prefix_cache import PrefixCache, prompt_keys
+from simulator.core.runs import BatchLoad, DecodeRuns
 from simulator.costs.cost_model import CostModel
 from simulator.inputs.acceptance import AcceptanceModel
 from simulator.inputs.workload import Workload
@@ -96,6 +104,10 @@ class EngineSpec:
     max_concurrency: int | None = None
     """The client sends at most this many requests at a time (``vllm bench serve --max-concurrency``; None: no
     limit)."""
+    tree: TreeFamily | None = None
+    """Token trees (:mod:`policies.tree`; None: chains, also for a tree that is a chain): a proposal of k verifies
+    ``tree.shape(k)``, priced by the step formula's tree form and accepted by the acceptance model's
+    ``draw_tree``."""
 
 
 @dataclass(slots=True, eq=False)
@@ -130,8 +142,8 @@ class SimulatedEngine(DecodeRuns):
         """Requests that can never fit in the KV cache: ignored, never queued."""
         self._check_fits()
         n = len(workload)
-        self.prompt: list[int] = workload.prompt_tokens.tolist()
-        self.output: list[int] = workload.output_tokens.tolist()
+        self.prompt: list[int] = workload.prompt_list  # read-only, one list for every engine of the workload
+        self.output: list[int] = workload.output_list
         self.generated = [0] * n
         """Output tokens of each request not decoding now (a running one's is output - left)."""
         self.waiting: deque[int] = deque()
@@ -150,8 +162,21 @@ class SimulatedEngine(DecodeRuns):
         self.free_blocks = spec.num_gpu_blocks
         self.cache = PrefixCache(spec.num_gpu_blocks, spec.block_size) if spec.prefix_caching else None
         """The prefix cache (None: off). ``free_blocks`` stays the engine's count; the cache is synced to it."""
-        self.prompt_id: list[int] = workload.prompt_ids().tolist() if spec.prefix_caching else []
+        self.prompt_keys = prompt_keys(workload, spec.block_size) if spec.prefix_caching else None
+        """Request id -> its prompt's block keys (:func:`simulator.core.prefix_cache.prompt_keys`; prefix caching)."""
+        self.load = BatchLoad(spec.max_num_seqs)
+        """The decode steps by batch size (:class:`simulator.core.runs.BatchLoad`)."""
         self.prefilling: list[Prefill] = []
+        self.handoff: Callable[[int, int], None] | None = None
+        """Prefill-only mode (a disaggregated prefill instance, :mod:`simulator.fleet.disagg`): set, a request whose
+        prefill completed (first token emitted) with tokens still to emit leaves through ``handoff(rid, blocks)``,
+        holding its ``blocks`` KV blocks (its KV being sent) until :meth:`release_handoff`; None: it joins the decode
+        batch."""
+        self.handed_blocks = 0
+        """KV blocks held by handed-off requests whose KV is still being sent (prefill-only mode)."""
+        self.prefilled: deque[int] = deque()
+        """Requests received with their KV and first token (:meth:`receive_prefilled`; a disaggregated decode
+        instance), waiting for a seat and blocks to join the decode batch, first come first served."""
         # The decode batch, in admission order (newest last), as parallel lists of ints: at serving batch sizes
         # (tens) plain Python beats small numpy calls several times over; the numpy paths convert.
         self.rid: list[int] = []
@@ -175,16 +200,19 @@ class SimulatedEngine(DecodeRuns):
         self.lag: dict[int, int] = {}
         """Tokens of each running request's context its draft has not seen (:func:`policies.protocol.draft_lag`;
         absent: 1, as after its prefill). Kept only when :attr:`catchup`."""
+        self.tree = spec.tree if spec.speculative else None
+        """The token-tree family (``EngineSpec.tree``), None for chains: today's path."""
         # the front end, the client's closed loop and multi-step chunks move arrivals and steps off the workload's
         # clock that the runs of steps read ahead: step by step then (every speed shortcut off)
         stepwise = (spec.run_steps <= 1 or self.catchup or self.frontend > 0 or spec.max_concurrency is not None
                     or spec.scheduler_steps > 1)
         # n-gram lookups hit or miss step by step, so only a draft model (or no speculation) runs steps together
         self.runs = (not stepwise and getattr(policy, "stationary", False) and not spec.chunked_prefill
-                     and (spec.draft_proposer or not spec.speculative))
+                     and (spec.draft_proposer or not spec.speculative) and self.tree is None)
         # an adaptive policy with a plain stepper: runs of per-step steps (speed shortcut, see runs.PLAIN_RUNS)
         self.plain_runs = (runs.PLAIN_RUNS and not self.runs and not stepwise and not spec.chunked_prefill
-                           and getattr(policy, "steps_plain", False) and not recorder.keeps_steps)
+                           and getattr(policy, "steps_plain", False) and not recorder.keeps_steps
+                           and (self.tree is None or getattr(policy, "trees_plain", False)))
         # a stationary policy that learns nothing, with n-gram proposals or under chunked prefill (no block-drawn
         # run for it): runs of per-step steps with its proposal asked once a run (speed shortcut, runs.STEP_RUNS)
         self.step_runs = (runs.STEP_RUNS and not stepwise and getattr(policy, "stationary", False)
@@ -224,7 +252,8 @@ class SimulatedEngine(DecodeRuns):
             self.env.process(self._arrivals())
         if self.frontend > 0:
             self.env.process(self._frontend())
-        self.env.process(self._serve())
+        self.server = self.env.process(self._serve())
+        """The serving process (a fleet's replica interrupts it to cut a run short, :mod:`simulator.fleet.fleet`)."""
 
     # -- processes ------------------------------------------------------------------------------
     def _arrivals(self):
@@ -243,19 +272,34 @@ class SimulatedEngine(DecodeRuns):
                     yield self._slot
                 self.in_flight += 1
                 self.rec.arrival_time[rid] = env.now  # sent now: latency counts from here, as vLLM's client
-            if self.frontend > 0:
-                self._frontend_queue.append(rid)
-                if self._frontend_wake is not None and not self._frontend_wake.triggered:
-                    self._frontend_wake.succeed()
-            else:
-                self._enqueue([rid])
+            self.arrive(rid)
+
+    def arrive(self, rid: int) -> None:
+        """Request ``rid`` is sent to the engine now: to its front end, if it has one, else to its queue. The fleet's
+        dispatcher sends a routed request here too."""
+        if self.frontend > 0:
+            self._frontend_queue.append(rid)
+            if self._frontend_wake is not None and not self._frontend_wake.triggered:
+                self._frontend_wake.succeed()
+        else:
+            self._enqueue([rid])
 
     def receive(self, *rids: int) -> None:
         """Requests reach the waiting queue now (the engine is woken if idle). The fleet hook too (:meth:`start` with
         ``own_arrivals`` False: handed over by a router; :attr:`arrived` is the feeder's to keep)."""
         self.waiting.extend(rids)
+        self._wake_up()
+
+    def _wake_up(self) -> None:
+        """Wake the engine if it sleeps (:meth:`_sleep`)."""
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def _sleep(self):
+        """Wait until :meth:`_wake_up` (an arrival, or a hand-off's blocks given back)."""
+        self._wake = self.env.event()
+        yield self._wake
+        self._wake = None
 
     def _enqueue(self, rids: list[int]) -> None:
         """Requests of the engine's own arrivals (through the front end, if any) reach its waiting queue."""
@@ -286,15 +330,14 @@ class SimulatedEngine(DecodeRuns):
                 self._slot.succeed()
 
     def _serve(self):
-        env = self.env
         n = len(self.workload)
         while True:
+            if self.prefilled:
+                self._admit_prefilled()
             if not self.waiting and not self.prefilling and not self.rid:
                 if self.arrived == n:
                     return
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
+                yield from self._sleep()
                 continue
             if self.spec.chunked_prefill:
                 # no prefill under way and nobody can be admitted (none waits, or no seat): a chunked step is a
@@ -306,6 +349,8 @@ class SimulatedEngine(DecodeRuns):
                     yield from self._chunked_step()
             elif self._admit_prefill():
                 yield from self._prefill_step()
+            elif not self.rid and self.handed_blocks:  # prefill-only: the queue waits for blocks still being sent
+                yield from self._sleep()
             elif self.spec.scheduler_steps > 1:
                 yield from self._multi_step()
             elif self.runs:
@@ -370,9 +415,9 @@ class SimulatedEngine(DecodeRuns):
         admit_fcfs(self.waiting, s.max_num_seqs - len(self.rid), s.max_num_batched_tokens, tokens_of, reserve)
         return bool(self.prefilling)
 
-    def _hashes(self, rid: int) -> range:
+    def _hashes(self, rid: int) -> Sequence[int]:
         """Block keys of request ``rid``'s prompt (prefix caching)."""
-        return block_hashes(self.prompt_id[rid], self.prompt[rid], self.spec.block_size)
+        return self.prompt_keys(rid)
 
     def _release(self, rid: int, blocks: int) -> None:
         """Request ``rid`` gives back its ``blocks`` KV blocks (finished or preempted)."""
@@ -405,6 +450,9 @@ class SimulatedEngine(DecodeRuns):
         budget = s.max_num_batched_tokens - (sum(proposed) + len(self.rid) if decoding else 0)
         chunks = self._plan_chunks(max(budget, 0))
         if not self.rid and not chunks:
+            if self.handed_blocks:  # prefill-only: the queue waits for blocks still being sent
+                yield from self._sleep()
+                return
             raise RuntimeError("scheduler stalled: nothing to run")  # impossible after _check_fits
         # predict_step_seconds includes the step's overhead; a prefill-only step pays its own
         seconds = self._decode_seconds(proposed) if self.rid else self.cost.prefill_overhead_time(len(chunks))
@@ -498,13 +546,55 @@ class SimulatedEngine(DecodeRuns):
                     self._release(rid, blocks)
                     self._finish(rid, now)
                     continue
-                if self.generated[rid] == 1:  # not after a recompute: the request keeps its acceptance state
-                    self.acceptance.start(rid)
-                self.rid.append(rid)
-                self.ctx.append(tokens)  # prompt + generated - 1
-                self.left.append(left)
-                self.blocks.append(blocks)
-                self.totals.append([0, 0, 0, 0])
+                if self.handoff is not None:  # prefill-only: it leaves, holding its blocks while its KV is sent
+                    self.handed_blocks += blocks
+                    self.handoff(rid, blocks)
+                    continue
+                self._join(rid, tokens, left, blocks)
+
+    def _join(self, rid: int, tokens: int, left: int, blocks: int) -> None:
+        """Request ``rid`` joins the decode batch: ``tokens`` in its KV cache (prompt + generated - 1) in ``blocks``
+        blocks, ``left`` tokens still to emit."""
+        if self.generated[rid] == 1:  # not after a recompute: the request keeps its acceptance state
+            self.acceptance.start(rid)
+        self.rid.append(rid)
+        self.ctx.append(tokens)
+        self.left.append(left)
+        self.blocks.append(blocks)
+        self.totals.append([0, 0, 0, 0])
+
+    # -- disaggregated prefill and decode (simulator.fleet.disagg) ------------------------------
+    def release_handoff(self, rid: int, blocks: int) -> None:
+        """Prefill-only mode: handed-off request ``rid``'s KV has been sent; its ``blocks`` are free again (vLLM's
+        prefill instance frees a request's blocks once the decode instance has read them)."""
+        self.handed_blocks -= blocks
+        self._release(rid, blocks)
+        self._wake_up()
+
+    def receive_prefilled(self, rid: int) -> None:
+        """A disaggregated decode instance receives request ``rid`` with its prompt's KV in place and its first token
+        emitted (by a prefill instance); it joins the decode batch at the next step boundary (:meth:`_admit_prefilled`).
+        Its arrival is not counted in :attr:`arrived`: a decode instance's process never ends by that count, and the
+        environment's run ends when no event is left."""
+        self.generated[rid] = 1
+        self.prefilled.append(rid)
+        self._wake_up()
+
+    def _admit_prefilled(self) -> None:
+        """Received requests (:attr:`prefilled`) join the decode batch first come first served while a seat
+        (``max_num_seqs``) and the blocks of their prompt's KV are free; none joins while a request preempted here waits
+        to be recomputed (it came earlier). The rest wait in the queue."""
+        bs, seats = self.spec.block_size, self.spec.max_num_seqs - len(self.rid) - len(self.prefilling)
+        while self.prefilled and seats > 0 and not self.waiting:
+            rid = self.prefilled[0]
+            tokens = self.prompt[rid]  # prompt + generated - 1, generated = 1
+            blocks = -(-tokens // bs)
+            if blocks > self.free_blocks:
+                return
+            self.prefilled.popleft()
+            self.free_blocks -= blocks
+            self._join(rid, tokens, self.output[rid] - 1, blocks)
+            seats -= 1
 
     def _propose(self) -> list[int]:
         """Ask the policy for k per running request, validate it, and apply the n-gram lookup's misses."""
@@ -524,7 +614,7 @@ class SimulatedEngine(DecodeRuns):
         generated = [output[r] - t for r, t in zip(self.rid, self.left)]
         view = BatchView(self.env.now, np.array(self.rid, dtype=np.int64), np.array(self.ctx, dtype=np.int64),
                          np.array(generated, dtype=np.int64), len(self.waiting), self.policy_cost, self.spec.max_k,
-                         self.spec.draft_proposer)
+                         self.spec.draft_proposer, self.tree)
         return checked_proposal(self.policy.name, self.policy.propose(view), len(self.rid), self.spec.max_k)
 
     def _reserve_decode_blocks(self, proposed: list[int]) -> None:
@@ -563,6 +653,10 @@ class SimulatedEngine(DecodeRuns):
     def _decode_seconds(self, proposed: list[int]) -> float:
         """Draft passes + verification + overhead of the decode batch (the policies' formula; with the catch-up
         priced where the cost model can, :attr:`catchup`)."""
+        if self.tree is not None:  # every request's tree, by the formula's tree form
+            lags = [self.lag.get(r, 1) for r, k in zip(self.rid, proposed) if k] if self.catchup else None
+            return predict_tree_seconds(self.cost, self.ctx, [self.tree.shape(k) for k in proposed],
+                                        self.spec.draft_proposer, lags)
         if self.catchup:
             return catchup_step_seconds(self.cost, self.ctx, proposed, [self.lag.get(r, 1) for r in self.rid])
         if runs.UNIFORM_STEPS and proposed.count(k := proposed[0]) == len(proposed):  # (speed shortcut, tested)
@@ -596,6 +690,7 @@ class SimulatedEngine(DecodeRuns):
             start = env.now
             seconds = self._decode_seconds(zeros)
             yield env.timeout(seconds)
+            self.load.add(len(zeros), (seconds,), 0)
             emitted = [1 if t else 0 for t in self.left]
             if self.rec.keeps_steps:
                 self.rec.step(start, seconds, "decode", len(zeros), 0, self._blocks_used(), len(self.waiting),
@@ -616,7 +711,8 @@ class SimulatedEngine(DecodeRuns):
         now = self.env.now
         rids, ctx, left = self.rid, self.ctx, self.left
         if any(proposed):
-            accepted = self.acceptance.draw_list(rids, proposed)
+            accepted = (self.acceptance.draw_list(rids, proposed) if self.tree is None
+                        else self.acceptance.draw_tree(rids, proposed, self.tree))
             emitted = [a + 1 if a < t else t for a, t in zip(accepted, left)]  # min(a + 1, t), t >= 1
             for k, a, e, totals in zip(proposed, accepted, emitted, self.totals):
                 if k:
@@ -631,13 +727,15 @@ class SimulatedEngine(DecodeRuns):
         self.left = [t - e for t, e in zip(left, emitted)]
         if self.catchup:
             lag = self.lag
-            for r, k, a in zip(rids, proposed, accepted):
-                lag[r] = draft_lag(lag.get(r, 1), k, a)
+            tree = self.tree
+            for r, k, a in zip(rids, proposed, accepted):  # a tree's lag by its depth (draft_lag)
+                lag[r] = draft_lag(lag.get(r, 1), k if tree is None else tree.shape(k).depth, a)
         if self.rec.keeps_steps:
             self.rec.step(start, seconds, kind, len(rids), prefill_tokens, self._blocks_used(), len(self.waiting),
                           *(np.array(x, dtype=np.int64) for x in (proposed, accepted, emitted)))
         else:
             self.rec.num_steps += 1  # Recorder.step without the step row (inlined: speed shortcut)
+        self.load.add(len(rids), (seconds,), sum(proposed))
         if self._observes:
             self.policy.observe(StepOutcome(now, np.array(rids, dtype=np.int64), np.array(proposed, dtype=np.int64),
                                             np.array(accepted, dtype=np.int64), seconds))

@@ -2,8 +2,13 @@
 
 num_gpu_blocks = floor((device memory x utilisation - target weights - draft weights - activation reserve)
                        / (block_size x KV bytes per token)),
-where a token's KV bytes are the target's plus, with a draft-model proposer, the draft's
-(2 x layers x kv_heads x head_dim x dtype bytes each). Memory in GiB, KV in bytes per token.
+where a token's KV bytes are the target's plus, with a draft proposer, the draft's (2 x layers x kv_heads x head_dim
+x dtype bytes each). Memory in GiB, KV in bytes per token.
+
+The draft is a draft model or a draft head (EAGLE, EAGLE-3, MTP): the profile's memory figures are then the head's
+(:class:`profiles.analytical.Architecture`): its own weights only (fc layer, decoder layer, norms and EAGLE-3's own LM
+head; the embedding, and EAGLE's and MTP's LM head, are the target's and counted once, in the target's) and one
+layer's KV per token, which vLLM allocates for the head beside the target's as for a draft model.
 """
 from __future__ import annotations
 

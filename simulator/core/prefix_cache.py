@@ -5,11 +5,19 @@ Semantics follow vLLM's design document "Automatic Prefix Caching" (docs/design/
 
 - **Identity.** Only full blocks are cached. A block is known by a hash of its tokens *and of every token before it*
   (vLLM chains each block's hash on its parent's), so a block is reusable only when its whole prefix matches. Here a
-  prompt's content is named by an integer ``prompt_id`` (the same id: the same token stream, a request's prompt being
-  its first ``prompt_tokens`` tokens), and :func:`block_hashes` gives block ``j`` the key ``(prompt_id, j)`` packed in
-  one integer: it names blocks ``0..j`` of that stream, a chained identity by construction (exact: no collisions, and
-  no ``hash()`` randomisation, so runs repeat bit for bit). The last, partial block of a prompt has no key: it is
-  never shared.
+  prompt's content is named in one of two ways (:func:`prompt_keys` picks, per workload):
+
+  - by an integer ``prompt_id`` (the same id: the same token stream, a request's prompt being its first
+    ``prompt_tokens`` tokens): :func:`block_hashes` gives block ``j`` the key ``(prompt_id, j)`` packed in one
+    integer; it names blocks ``0..j`` of that stream, a chained identity by construction;
+  - by a trace's content hashes of fixed-size blocks (Mooncake's ``hash_ids``, one per 512-token block, chained: an
+    id names its block and every block before it, and a prompt's last, partial block is a prefix of its id's block):
+    :func:`trace_block_keys` names engine block ``j`` (tokens ``[j bs, (j + 1) bs)``) by the trace block holding its
+    last token and where in it the engine block ends, ``(id, end)`` packed in one integer, which names the tokens
+    ``0 .. (j + 1) bs - 1`` exactly whatever ``bs`` is (it need not divide the trace's block size).
+
+  Both are exact (no collisions, and no ``hash()`` randomisation, so runs repeat bit for bit). The last, partial
+  engine block of a prompt has no key: it is never shared.
 - **Lookup.** :meth:`PrefixCache.lookup` counts the leading blocks whose keys are cached (held by a running request or
   free but cached) and stops at the first miss, as ``find_longest_cache_hit`` does. A request reuses at most
   ``(tokens - 1) // block_size`` of them (:meth:`PrefixCache.hit_blocks`): vLLM sets ``max_cache_hit_length =
@@ -42,12 +50,18 @@ O(1) or O(blocks it touches).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
 
 #: Block index bits of a block key: key = prompt_id << BLOCK_BITS | block index (a prompt holds < 2**32 blocks: token
 #: counts are at most a billion).
 BLOCK_BITS = 32
+#: End-offset bits of a trace-keyed block key: key = trace block id << END_BITS | end of the engine block in it (tokens,
+#: 1 .. the trace's block size < 2**20).
+END_BITS = 20
 
 
 def block_hashes(prompt_id: int, prompt_tokens: int, block_size: int) -> range:
@@ -59,6 +73,32 @@ def block_hashes(prompt_id: int, prompt_tokens: int, block_size: int) -> range:
                          f"{prompt_id}, {prompt_tokens}, {block_size}")
     base = int(prompt_id) << BLOCK_BITS
     return range(base, base + int(prompt_tokens) // int(block_size))
+
+
+def trace_block_keys(ids: np.ndarray, prompt_tokens: int, block_size: int, trace_block: int) -> list[int]:
+    """Keys of the full engine blocks of a prompt of ``prompt_tokens`` tokens whose trace blocks of ``trace_block``
+    tokens have the content ids ``ids`` (int64, one per trace block, chained: see the module docstring): engine block
+    ``j`` ends at token ``e = (j + 1) block_size``, the last of its tokens lies in trace block ``t = (e - 1) //
+    trace_block``, and its key is ``ids[t] << END_BITS | (e - t trace_block)``. Two prompts share an engine block's key
+    exactly when their trace blocks up to ``t`` agree and the block ends at the same place in block ``t``: when their
+    first ``e`` tokens agree."""
+    ends = np.arange(1, prompt_tokens // block_size + 1, dtype=np.int64) * block_size
+    held = (ends - 1) // trace_block
+    return ((ids[held] << END_BITS) | (ends - held * trace_block)).tolist()
+
+
+def prompt_keys(workload: Any, block_size: int) -> Callable[[int], Sequence[int]]:
+    """Request id -> the keys of its prompt's full blocks of ``block_size`` tokens (the engine's and the prefix-aware
+    router's): from the workload's trace block hashes (``workload.blocks``, :func:`trace_block_keys`) when it has them,
+    else from its prompt ids (:func:`block_hashes`; every request its own prompt without ids)."""
+    prompts = workload.prompt_list
+    blocks = workload.blocks
+    if blocks is None:
+        ids = workload.prompt_id_list
+        return lambda rid: block_hashes(ids[rid], prompts[rid], block_size)
+    if blocks.tokens >= 1 << END_BITS:
+        raise ValueError(f"prompt_keys: trace blocks of {blocks.tokens} tokens; at most {(1 << END_BITS) - 1}")
+    return lambda rid: trace_block_keys(blocks.of(rid), prompts[rid], block_size, blocks.tokens)
 
 
 @dataclass

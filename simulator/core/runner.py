@@ -22,9 +22,9 @@ import simpy
 from policies import protocol
 from policies.base import Policy
 from policies.registry import load_policy_file, make_policy
-from simulator.inputs.acceptance import make_acceptance
+from simulator.inputs.acceptance import make_acceptance, tree_family
 from simulator.config import SimConfig, config_hash
-from simulator.costs.cost_model import CostModel, load_cost_model
+from simulator.costs.cost_model import CostModel, check_draft_method, load_cost_model
 from simulator.core.engine import EngineSpec, SimulatedEngine
 from policies.errors import UserError
 from simulator.core.memory import num_gpu_blocks
@@ -173,6 +173,8 @@ def setup_run(config: SimConfig, workload: Workload | None, step_by_step: bool, 
     if speculative and config.proposer == "draft" and not cost.has("draft", "decode"):
         raise UserError(f"--profile {config.profile}: has no draft decode costs; a draft-model proposer needs them "
                         "(use --proposer ngram or a profile with a draft)")
+    if speculative:
+        check_draft_method(config.proposer_method, cost, "--profile")
     check_costs(config, cost, "--profile", speculative)
     if config.policy_profile is not None:
         check_costs(config, policy_cost, "--policy-profile", speculative)
@@ -181,6 +183,7 @@ def setup_run(config: SimConfig, workload: Workload | None, step_by_step: bool, 
         watch = Watch(config.policy_file)
         with watch.armed():
             user_names = tuple(watch.call("importing it", load_policy_file, config.policy_file))
+    family = tree_family(config)
     spec = EngineSpec(
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
@@ -195,6 +198,7 @@ def setup_run(config: SimConfig, workload: Workload | None, step_by_step: bool, 
         scheduler_steps=config.num_scheduler_steps,
         max_concurrency=config.max_concurrency,
         prefix_caching=config.enable_prefix_caching,
+        tree=None if family is None or family.is_chain else family,  # a chain tree runs today's chain path
         **({"run_steps": 1} if step_by_step else {}),
     )
     return RunSetup(workload, cost, policy_cost, spec, acceptance_rng, ngram_rng, watch, user_names, wall)

@@ -28,6 +28,16 @@ within it :data:`ADAPTIVE_RUNS` keeps such a run lean (per step only tokens left
 within it :data:`UNIFORM_RUNS` (and :data:`NGRAM_RUNS` under n-gram proposals) keep a one-k run lean; outside runs,
 :data:`UNIFORM_STEPS` prices a one-k step without a step shape and :data:`BY_COUNT` asks a one-k policy by the running
 count. Each flag's docstring says what it changes and that ``tests/test_fast_paths.py`` runs it against its twin.
+
+Hooks for a fleet's replica (:mod:`simulator.fleet.fleet`), each a plain method or attribute here: a run starts at
+:meth:`DecodeRuns._run_clock` (now) and is bounded by :meth:`DecodeRuns._next_arrival` (the workload's next arrival
+while the queue is empty; a replica's: the first arrival its router may send it); it goes on past a finish only while
+:attr:`DecodeRuns.past_finish`; it ends with :meth:`DecodeRuns._run_end`'s timeout, kept as
+:attr:`DecodeRuns.planned_end`, and a block-drawn run (whose steps change the batch after its end) also keeps its step
+boundaries (:meth:`DecodeRuns._block_run_end`), so that a replica may end it at an earlier one and the run applies
+only the steps before (:meth:`DecodeRuns._steps_run`). Every step, run or not, adds its batch size, seconds and
+proposed tokens to the engine's :class:`BatchLoad` (a replica's batch-size distribution without step rows), in step
+order, so runs and step by step add the same floats in the same order.
 """
 from __future__ import annotations
 
@@ -36,12 +46,13 @@ from bisect import bisect_right
 from collections import deque
 from operator import add, sub
 from collections.abc import Sequence
+from functools import partial
 from itertools import accumulate
 from typing import Any
 
 import numpy as np
 
-from policies.step_time import run_seconds, uniform_memo, uniform_step_seconds
+from policies.step_time import run_seconds, tree_memo, uniform_memo, uniform_step_seconds, uniform_tree_pricer
 
 LIST_RUNS = True
 """Speed shortcut, switched here in one place: a speculative run of a stationary policy works out its steps on plain
@@ -97,21 +108,103 @@ draws, decisions and stopping points as the loop of :meth:`DecodeRuns._plain_run
 (``tests/test_fast_paths.py``). False: that loop."""
 
 
+class BatchLoad:
+    """An engine's decode steps (decode and mixed: those with a decode batch) by batch size, kept instead of step rows:
+    ``seconds[b]`` sums the seconds of the steps of ``b`` running requests, one step after the other in step order;
+    ``steps`` counts them, ``request_steps`` sums their batch sizes and ``proposed`` their proposed draft tokens. A
+    fleet's per-replica batch-size distribution weighted by step time and mean k per request-step
+    (:func:`simulator.fleet.fleet.replica_rows`) read it."""
+
+    __slots__ = ("seconds", "steps", "request_steps", "proposed")
+
+    def __init__(self, max_num_seqs: int) -> None:
+        self.seconds = [0.0] * (max_num_seqs + 1)
+        self.steps = self.request_steps = self.proposed = 0
+
+    def add(self, batch: int, seconds: Sequence[float], proposed: int) -> None:
+        """Steps of ``batch`` running requests that took ``seconds`` (one entry a step, in order) and proposed
+        ``proposed`` draft tokens in all."""
+        total = self.seconds[batch]
+        for s in seconds:
+            total += s
+        self.seconds[batch] = total
+        self.steps += len(seconds)
+        self.request_steps += batch * len(seconds)
+        self.proposed += proposed
+
+    def carried(self, batch: int, total: float, steps: int, proposed: int) -> None:
+        """:meth:`add` of ``steps`` steps whose seconds the caller added one by one onto ``seconds[batch]`` itself, in
+        step order (a run's loop), giving ``total``."""
+        self.seconds[batch] = total
+        self.steps += steps
+        self.request_steps += batch * steps
+        self.proposed += proposed
+
+    def copy(self) -> "BatchLoad":
+        other = BatchLoad.__new__(BatchLoad)
+        other.seconds, other.steps, other.request_steps, other.proposed = (self.seconds.copy(), self.steps,
+                                                                           self.request_steps, self.proposed)
+        return other
+
+
 class DecodeRuns:
     """The run methods of :class:`simulator.core.engine.SimulatedEngine` (a mixin: they read and advance the
     engine's batch, blocks, clock and recorder as its per-step path does)."""
+
+    past_finish = True
+    """Whether a run goes on past a step in which requests finish (they retire at that step's end, inside the run:
+    :meth:`_uniform_run`, :meth:`_adaptive_run`). A fleet's replica sets it False: the router reads its finishes (its
+    outstanding requests) at the time they happen."""
+
+    planned_end: Any = None
+    """The timeout that ends the latest run of steps (:meth:`_run_end`)."""
+
+    def _run_clock(self) -> float:
+        """The clock a run of steps starts from: now (a fleet's replica planning a run again returns its start)."""
+        return self.env.now
+
+    def _next_arrival(self) -> float:
+        """When the next request reaches the queue while it is empty (s): a run ends with the step during which it
+        arrives, so that it is admitted at the same step boundary as step by step. inf when a request waits already (a
+        newcomer could not be admitted before it) or none is due."""
+        if self.waiting or self.arrived >= len(self.workload):
+            return math.inf
+        return float(self.workload.arrival_time[self.arrived])
+
+    def _run_end(self, start: float, end: float, nudge: bool = True):
+        """The one timeout of a run of steps planned from ``start`` (when its first step starts) to ``end``, kept as
+        :attr:`planned_end`: until ``end`` exactly (:meth:`_timeout_until`); with ``nudge`` False ``end - start``
+        seconds, as the block-drawn runs have always waited, unless the run is planned later than it starts (a fleet's
+        replica planning it again)."""
+        self.planned_end = (self._timeout_until(end) if nudge or self.env.now != start
+                            else self.env.timeout(end - start))
+        return self.planned_end
+
+    planned_steps: Any = None
+    """The step boundaries and step count of the latest block-drawn run (:meth:`_block_run_end`)."""
+
+    def _block_run_end(self, start: float, clock: list[float], n: int):
+        """:meth:`_run_end` of a block-drawn run (:meth:`_decode_run`, whose steps change the batch after its end) of
+        ``n`` steps ending at ``clock[1..n]``, kept as :attr:`planned_steps`: a fleet's replica may end it at an earlier
+        boundary, and the run then applies the steps before it (:meth:`_steps_run`)."""
+        self.planned_steps = (clock, n)
+        return self._run_end(start, clock[n], nudge=False)
+
+    def _steps_run(self, n: int) -> int:
+        """How many of a block-drawn run's ``n`` planned steps ran, read after its end: all of them (a fleet's
+        replica may have ended it earlier)."""
+        return n
 
     def _decode_run(self):
         """Up to ``run_steps`` decode steps of the unchanged batch in one event (see the module docstring)."""
         # A policy that can never speculate (spec.speculative False) need not be asked: nobody proposes.
         proposed = self._propose() if self.spec.speculative else None
-        now, bs = self.env.now, self.spec.block_size
+        start, bs = self._run_clock(), self.spec.block_size
         # Bound the run before drawing: every step emits >= 1 token per request, and steps only grow longer
         # (contexts grow), so no run outlasts the first finish or the step the next arrival falls into.
         left_min = min(self.left)
         n = min(self.spec.run_steps, left_min)
-        arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
-                   else np.inf)
+        arrival = self._next_arrival()
         if proposed is None or not any(proposed):
             yield from self._quiet_run(n, left_min, arrival)
             return
@@ -120,7 +213,7 @@ class DecodeRuns:
             return
         rid, ctx0, left, blocks = (np.array(x, dtype=np.int64) for x in (self.rid, self.ctx, self.left, self.blocks))
         ks, proposed = proposed, np.array(proposed, dtype=np.int64)
-        n = self._bound_by_arrival(n, arrival, self._run_seconds([sum(self.ctx)], ks, ctx0[None, :])[0])
+        n = self._bound_by_arrival(n, arrival, self._run_seconds([sum(self.ctx)], ks, ctx0[None, :])[0], start)
         accepted = self.acceptance.draw_steps(rid, proposed, n)
         emitted = np.cumsum(accepted + 1, axis=0)  # tokens after steps 0..j, before the per-request cap
         ctx = ctx0 + (emitted - accepted - 1)  # (steps, batch): context before each step
@@ -134,9 +227,11 @@ class DecodeRuns:
             yield from self._decode_step(ks)  # this step must preempt
             return
         seconds = self._run_seconds(ctx[:n].sum(axis=1).tolist(), ks, ctx[:n])
-        clock, n = self._clock(seconds, arrival)
-        yield self.env.timeout(clock[n] - now)
+        clock, n = self._clock(seconds, arrival, start)
+        yield self._block_run_end(start, clock, n)
+        n = self._steps_run(n)
         batch = rid.size
+        self.load.add(batch, seconds[:n], sum(ks) * n)
         used_before = self.spec.num_gpu_blocks - self.free_blocks
         self.free_blocks -= int(grow[n - 1])
         self.blocks = np.maximum(blocks, need[n - 1]).tolist()
@@ -165,7 +260,8 @@ class DecodeRuns:
         # number, bit for bit, as every priced step); else the vectorised form of one step
         first = (self._uniform_pricer(len(ks), ks[0])(start) if uniform else
                  self._run_seconds([start], ks, np.array([ctx0], dtype=np.int64))[0])
-        n = self._bound_by_arrival(n, arrival, first)
+        clock0 = self._run_clock()
+        n = self._bound_by_arrival(n, arrival, first, clock0)
         drawn = self.acceptance.draw_steps(np.array(self.rid, dtype=np.int64), np.array(ks, dtype=np.int64),
                                            n).tolist()
         free, emitted = self.free_blocks, [0] * len(ks)  # tokens emitted before step j (uncapped)
@@ -189,8 +285,10 @@ class DecodeRuns:
             return
         seconds = self._run_seconds(contexts, ks, None if uniform else
                                     np.array(ctx0, dtype=np.int64) + np.array(before, dtype=np.int64))
-        clock, n = self._clock(seconds, arrival)
-        yield self.env.timeout(clock[n] - self.env.now)
+        clock, n = self._clock(seconds, arrival, clock0)
+        yield self._block_run_end(clock0, clock, n)
+        n = self._steps_run(n)
+        self.load.add(len(ks), seconds[:n], sum(ks) * n)
         before_last, last = before[n - 1], rows[n - 1]
         self.blocks = [m if (m := (r + e) // bs) > b else b for r, e, b in zip(reach, before_last, blocks)]
         self.free_blocks -= sum(self.blocks) - sum(blocks)  # the blocks the run's last step added
@@ -248,12 +346,16 @@ class DecodeRuns:
         if not stationary and ADAPTIVE_RUNS and self.free_blocks >= most * len(self.rid):  # (speed shortcut, tested)
             yield from self._adaptive_run(most)
             return
-        clock = self.env.now
-        arrival = (self.workload.arrival_time[self.arrived] if not self.waiting and self.arrived < len(self.workload)
-                   else np.inf)
+        if self.tree is not None:  # token trees take only uniform and adaptive runs (their pricers and draws): a step
+            yield from (self._chunked_step(asked) if spec.chunked_prefill else self._decode_step(asked))
+            return
+        start = clock = self._run_clock()
+        arrival = self._next_arrival()
         match_prob, acceptance, rec = spec.ngram_match_prob, self.acceptance, self.rec
-        steps = spec_steps = spec_proposed = 0
+        steps = spec_steps = spec_proposed = offered = 0
         spec_accepted = spec_emitted = [0] * len(self.rid)
+        batch0 = len(self.rid)  # the batch of every step of the run (it ends with the first finish)
+        spent = self.load.seconds[batch0]
         while True:
             rids, ctx, left = self.rid, self.ctx, self.left
             batch, context = len(rids), sum(ctx)
@@ -268,7 +370,11 @@ class DecodeRuns:
             seconds = uniform_memo(self.cost, batch, context, k, draft) if uniform else None
             if seconds is None and uniform and stationary:  # nobody priced it: the uniform step in one call (tested)
                 seconds = uniform_step_seconds(self.cost, batch, context, k, draft)[k]
-            clock += self._decode_seconds(proposed) if seconds is None else seconds  # as SimPy adds a step's timeout
+            if seconds is None:
+                seconds = self._decode_seconds(proposed)
+            clock += seconds  # as SimPy adds a step's timeout
+            spent += seconds
+            offered += sum(proposed)
             # the step's outcome, as _apply_decode (no step rows: runs are taken only when steps are not kept)
             if any(proposed):
                 accepted = acceptance.draw_list(rids, proposed)
@@ -302,7 +408,8 @@ class DecodeRuns:
                 totals[1] += a
                 totals[2] += spec_steps
                 totals[3] += e
-        yield self._timeout_until(clock)
+        self.load.carried(batch0, spent, steps, offered)
+        yield self._run_end(start, clock)
         if 0 in self.left:
             self._retire(self.env.now)
 
@@ -312,18 +419,19 @@ class DecodeRuns:
         the finished requests leave at that step's end (as step by step: nothing else happens then) and the run goes
         on with the smaller batch while its steps surely fit, as :meth:`_uniform_run` does. At most ``run_steps``
         steps in all; ending a run anywhere gives the same steps (see :meth:`_plain_run`)."""
-        arrival = (float(self.workload.arrival_time[self.arrived])  # a Python float: compared every step
-                   if not self.waiting and self.arrived < len(self.workload) else math.inf)
-        clock, steps, run_steps = self.env.now, 0, self.spec.run_steps
+        arrival = self._next_arrival()
+        start = clock = self._run_clock()
+        steps, run_steps = 0, self.spec.run_steps
         while True:
             clock, taken = self._adaptive_steps(most, clock, arrival, run_steps - steps)
             steps += taken
-            if 0 not in self.left or self.waiting or clock >= arrival or steps >= run_steps:
+            if (0 not in self.left or not self.past_finish or self.waiting or clock >= arrival
+                    or steps >= run_steps):
                 break
             self._retire(clock)
             if not self.rid or self.free_blocks < most * len(self.rid):
                 break
-        yield self._timeout_until(clock)
+        yield self._run_end(start, clock)
         if 0 in self.left:
             self._retire(self.env.now)
 
@@ -353,6 +461,8 @@ class DecodeRuns:
         batch = len(rids)
         horizon = min(budget, self.free_blocks // (most * batch))  # steps that surely fit
         propose, observe, draw = policy.propose_plain, policy.observe_plain, self.acceptance.draw_list
+        if self.tree is not None:  # token trees: the policy told the family, drawn as _apply_decode draws them
+            propose, draw = partial(propose, tree=self.tree), partial(self.acceptance.draw_tree, family=self.tree)
         match, take = spec.ngram_match_prob, self._match.take
         target, overhead = engine_cost.target_time, engine_cost.overhead_time(batch)
         steps, context, left, remaining = 0, sum(ctx0), left0, sum(left0)
@@ -360,6 +470,7 @@ class DecodeRuns:
         spec_steps = spec_proposed = 0  # steps in which everyone proposed one k > 0, and their ks summed
         own_proposed = own_steps = None  # per request, over the steps of unequal proposals
         pricers: dict[int, Any] = {}
+        spent = self.load.seconds[batch]
         while True:
             proposed = propose(batch, context, cost, max_k, draft)
             if not draft and any(proposed):  # the n-gram lookups' misses, as _plain_run draws them
@@ -369,7 +480,8 @@ class DecodeRuns:
             if not draft:  # shape_seconds without draft passes (the memo's number too, where it has one)
                 seconds = target(batch, sum(proposed) + batch, context)
                 seconds += overhead
-            elif uniform and (seconds := uniform_memo(engine_cost, batch, context, k, True)) is not None:
+            elif uniform and self.tree is None and (seconds := uniform_memo(engine_cost, batch, context, k, True)) \
+                    is not None:
                 pass  # the policy has just priced this step
             elif uniform and UNIFORM_STEPS:  # as _decode_seconds prices a uniform step: its scalar formula
                 if (price := pricers.get(k)) is None:
@@ -379,6 +491,7 @@ class DecodeRuns:
                 self.ctx = [c + t0 - t for c, t0, t in zip(ctx0, left0, left)]
                 seconds = self._decode_seconds(proposed)
             clock += seconds  # as SimPy adds the step's timeout
+            spent += seconds
             if k or not uniform:  # someone proposes
                 accepted = draw(rids, proposed)
                 before, left = left, [t - a - 1 if a < t else 0 for a, t in zip(accepted, left)]  # t - min(a + 1, t)
@@ -413,6 +526,7 @@ class DecodeRuns:
         elif spec_steps:
             self._add_totals(emitted, accepted, before, steps, [spec_proposed] * len(emitted),
                              [spec_steps] * len(emitted))
+        self.load.carried(batch, spent, steps, spec_proposed * batch + (sum(own_proposed) if own_proposed else 0))
         self.rec.num_steps += steps
         return clock, steps
 
@@ -432,14 +546,14 @@ class DecodeRuns:
         run goes on with the smaller batch, asked again by its count (a policy asked through a view starts a new
         run: its view would carry the clock), while its proposal still qualifies (:meth:`_uniform`). At most
         ``run_steps`` steps in all; ending a run anywhere gives the same steps (see :meth:`_plain_run`)."""
-        arrival = (float(self.workload.arrival_time[self.arrived])  # a Python float: compared every step
-                   if not self.waiting and self.arrived < len(self.workload) else math.inf)
-        clock, steps, most = self.env.now, 0, self.spec.run_steps
+        arrival = self._next_arrival()
+        start = clock = self._run_clock()
+        steps, most = 0, self.spec.run_steps
         while True:
             stretch = self._uniform_steps if self.spec.draft_proposer or not asked[0] else self._ngram_steps
             clock, taken = stretch(asked, clock, arrival, most - steps)
             steps += taken
-            if 0 not in self.left or self.waiting or clock >= arrival or steps >= most:
+            if 0 not in self.left or not self.past_finish or self.waiting or clock >= arrival or steps >= most:
                 break
             self._retire(clock)
             if not self.rid or self._by_count is None:  # a policy asked through its view sees the clock: a new run
@@ -447,7 +561,7 @@ class DecodeRuns:
             asked = self._asked()
             if not self._uniform(asked):
                 break
-        yield self._timeout_until(clock)
+        yield self._run_end(start, clock)
         if 0 in self.left:
             self._retire(self.env.now)
 
@@ -464,10 +578,15 @@ class DecodeRuns:
         rids, ctx0, left0, blocks0 = self.rid, self.ctx, self.left, self.blocks
         horizon = min(most, self.free_blocks // ((k + bs) // bs * batch))  # steps that surely fit
         context, steps, price = sum(ctx0), 0, self._uniform_pricer(batch, k)
+        spent = self.load.seconds[batch]
         if k:
             draw, left, remaining = self.acceptance.draw_list, left0, sum(left0)
+            if self.tree is not None:  # token trees: drawn as _apply_decode draws them
+                draw = partial(self.acceptance.draw_tree, family=self.tree)
             while True:
-                clock += price(context)  # as SimPy adds the step's timeout
+                seconds = price(context)
+                clock += seconds  # as SimPy adds the step's timeout
+                spent += seconds
                 accepted = draw(rids, asked)
                 before, left = left, [t - a - 1 if a < t else 0 for a, t in zip(accepted, left)]  # t - min(a + 1, t)
                 steps += 1
@@ -477,7 +596,9 @@ class DecodeRuns:
         else:  # nobody proposes: every request emits one token a step
             horizon = min(horizon, min(left0))
             while True:
-                clock += price(context)
+                seconds = price(context)
+                clock += seconds
+                spent += seconds
                 steps += 1
                 if steps >= horizon or clock >= arrival:
                     break
@@ -494,6 +615,7 @@ class DecodeRuns:
                 totals[1] += e - steps + (1 if a >= t else 0)
                 totals[2] += steps
                 totals[3] += e
+        self.load.carried(batch, spent, steps, k * batch * steps)
         self.rec.num_steps += steps
         return clock, steps
 
@@ -513,6 +635,7 @@ class DecodeRuns:
         match, take, draw = self.spec.ngram_match_prob, self._match.take, self.acceptance.draw_list
         target, overhead = self.cost.target_time, self.cost.overhead_time(batch)
         context, steps, left, remaining, held, proposed_sum = sum(ctx0), 0, left0, sum(left0), blocks0, [0] * batch
+        spent = self.load.seconds[batch]
         while True:
             proposed = [k if u < match else 0 for u in take(batch)]  # the lookups' hits, as _propose draws them
             held = [n if (n := (c + t0 - t + q + bs) // bs) > h else h
@@ -521,6 +644,7 @@ class DecodeRuns:
             seconds = target(batch, query, context)  # shape_seconds without draft passes
             seconds += overhead
             clock += seconds  # as SimPy adds the step's timeout
+            spent += seconds
             if query > batch:  # someone proposes
                 accepted = draw(rids, proposed)
                 proposed_sum = list(map(add, proposed_sum, proposed))
@@ -535,6 +659,7 @@ class DecodeRuns:
         self.blocks = held
         self.free_blocks -= sum(held) - sum(blocks0)
         self._add_totals(emitted, accepted, before, steps, proposed_sum, [p // k for p in proposed_sum])
+        self.load.carried(batch, spent, steps, sum(proposed_sum))
         self.rec.num_steps += steps
         return clock, steps
 
@@ -564,7 +689,17 @@ class DecodeRuns:
         :func:`policies.step_time.shape_seconds` of the uniform step's shape (what the per-step path charges) without
         building the shape, the same cost-model calls in the same order and the additions of
         :func:`policies.step_time.step_seconds` (verification, overhead, draft passes), so bit for bit its number and
-        its warnings; the overhead, a function of the batch size alone, is priced once a run."""
+        its warnings; the overhead, a function of the batch size alone, is priced once a run. With token trees, the
+        tree form's (:func:`policies.step_time.uniform_tree_pricer`, bit for bit :meth:`_decode_seconds`' number)."""
+        if self.tree is not None:
+            shape, draft, cost = self.tree.shape(k), self.spec.draft_proposer, self.cost
+            prices = uniform_tree_pricer(cost, batch, [shape], draft)
+
+            def tree_price(context: int) -> float:  # what a policy has just priced (speed shortcut, tree_memo)
+                seconds = tree_memo(cost, batch, context, shape, draft)
+                return prices(context)[0] if seconds is None else seconds
+
+            return tree_price
         target, draft_time, overhead = self.cost.target_time, self.cost.draft_time, self.cost.overhead_time(batch)
         query = batch * (k + 1)
         passes = range(k) if self.spec.draft_proposer else range(0)
@@ -594,7 +729,7 @@ class DecodeRuns:
         any running request has left to emit): each request emits one token a step, so the steps are known
         before they run. Plain Python over the batch: at serving batch sizes (tens) it beats small numpy calls
         several times over. The same steps, times and blocks as :meth:`_decode_run`."""
-        now, batch, bs = self.env.now, len(self.rid), self.spec.block_size
+        start, batch, bs = self._run_clock(), len(self.rid), self.spec.block_size
         ctx, blocks = self.ctx, self.blocks
         holding = sum(blocks)
 
@@ -608,9 +743,9 @@ class DecodeRuns:
             return sum(held(j)) - holding
 
         context, ks = sum(ctx), [0] * batch
-        n = self._bound_by_arrival(n, arrival, self._run_seconds([context], ks)[0])
+        n = self._bound_by_arrival(n, arrival, self._run_seconds([context], ks)[0], start)
         seconds = self._run_seconds(range(context, context + batch * n, batch), ks)
-        clock, n = self._clock(seconds, arrival)
+        clock, n = self._clock(seconds, arrival, start)
         after = held(n - 1)
         added = sum(after) - holding
         if added > self.free_blocks:  # grow(j) is non-decreasing: keep the steps whose blocks fit
@@ -620,7 +755,12 @@ class DecodeRuns:
                 return
             after = held(n - 1)
             added = sum(after) - holding
-        yield self.env.timeout(clock[n] - now)
+        yield self._block_run_end(start, clock, n)
+        if (ran := self._steps_run(n)) < n:  # ended earlier: the blocks its last step held
+            n = ran
+            after = held(n - 1)
+            added = sum(after) - holding
+        self.load.add(batch, seconds[:n], 0)
         used_before = self.spec.num_gpu_blocks - self.free_blocks
         self.free_blocks -= added
         self.blocks = after
@@ -636,15 +776,15 @@ class DecodeRuns:
         if n == left_min:  # someone emitted its last token
             self._retire(self.env.now)
 
-    def _bound_by_arrival(self, n: int, arrival: float, first: float) -> int:
-        """At most ``n`` steps, and none that start after the step during which the next request arrives
+    def _bound_by_arrival(self, n: int, arrival: float, first: float, start: float) -> int:
+        """At most ``n`` steps from ``start``, and none that start after the step during which the next request arrives
         (``arrival``; inf: none is due): steps only grow longer, so the first one's ``first`` seconds bound them."""
-        return n if arrival == np.inf else min(n, int((arrival - self.env.now) / first) + 1)
+        return n if arrival == np.inf else min(n, int((arrival - start) / first) + 1)
 
-    def _clock(self, seconds: list[float], arrival: float) -> tuple[list[float], int]:
-        """The boundaries of steps of ``seconds`` from now (summed in the same order as step by step), and how
+    def _clock(self, seconds: list[float], arrival: float, start: float) -> tuple[list[float], int]:
+        """The boundaries of steps of ``seconds`` from ``start`` (summed in the same order as step by step), and how
         many of them run: up to the one during which the next request arrives (admitted at its end)."""
-        clock = list(accumulate(seconds, initial=self.env.now))
+        clock = list(accumulate(seconds, initial=start))
         return clock, min(len(seconds), bisect_right(clock, arrival, 1))
 
     def _run_seconds(self, contexts: Sequence[int], ks: list[int], ctx: np.ndarray | None = None) -> list[float]:

@@ -51,6 +51,7 @@ import numpy as np
 
 from simulator.costs import profile_table
 from simulator.config import FITTERS
+from policies.draft_head import DEFAULT_DRAFT_METHOD, HEAD_METHODS
 from policies.errors import UserError
 from simulator.costs.profile_table import (BATCH_LAYOUTS, VERIFICATIONS, Memory, ProfileTable, meta_path, read_json,
                                            read_profile, write_atomic)
@@ -80,7 +81,10 @@ KIND = {"target": "decode", "draft": "decode", "prefill": "prefill", "draft_pref
 #: Profile columns holding each natural axis (a prefill row's prompt length is its query_len).
 PROFILE_COLUMNS = {kind: ("batch_size", "query_len", "context_len")[:len(axes)] for kind, axes in AXES.items()}
 REQUIRED_BLOCKS = ("target", "prefill")
-OTHER_KEYS = ("method", "source", "memory", "fit_error", "grid", "interp", "verification", "batch_layout")
+OTHER_KEYS = ("method", "source", "memory", "fit_error", "grid", "interp", "verification", "batch_layout",
+              "draft_method")
+#: What a model's draft rows can describe: a draft model, or a draft head (vLLM's method names).
+DRAFT_METHODS = (DEFAULT_DRAFT_METHOD, *HEAD_METHODS)
 #: A query beyond this multiple of the grid's largest batch size or per-sequence length warns.
 FAR = 2.0
 REPORT_COLUMNS = ["role", "phase", "n_train", "n_test", "mean_rel_error", "max_rel_error"]
@@ -113,6 +117,9 @@ class CostModel:
     batch_layout: str = BATCH_LAYOUTS[0]
     """``ragged`` or ``padded``: how the modelled engine lays out a catch-up pass's unequal new tokens
     (:mod:`simulator.costs.profile_table`); :func:`policies.step_time.catchup_step_seconds` reads it."""
+    draft_method: str = DEFAULT_DRAFT_METHOD
+    """What the draft rows price: ``draft_model`` (a draft model) or a draft head's method (``eagle``, ``eagle3``,
+    ``mtp``; a profile's metadata ``draft.speculative_method``); a simulation's speculative method must match it."""
     source: str
     path: str
     memory: Memory | None
@@ -207,9 +214,9 @@ class LinearCostModel(CostModel):
     def __init__(self, coefficients: Coefficients, *, method: str, source: str, path: str,
                  memory: Memory | None = None, grid: Grid | None = None,
                  fit_error: list[dict] | None = None, verification: str = VERIFICATIONS[0],
-                 batch_layout: str = BATCH_LAYOUTS[0]) -> None:
+                 batch_layout: str = BATCH_LAYOUTS[0], draft_method: str = DEFAULT_DRAFT_METHOD) -> None:
         self.method, self.source, self.path, self.verification = method, source, path, verification
-        self.batch_layout = batch_layout
+        self.batch_layout, self.draft_method = batch_layout, draft_method
         self.memory, self.fit_error = memory, fit_error
         self._coef = dict(coefficients)
         self._grid = dict(grid or {})
@@ -377,6 +384,8 @@ class LinearCostModel(CostModel):
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method, "verification": self.verification,
                                "batch_layout": self.batch_layout, "source": self.source}
+        if self.draft_method != DEFAULT_DRAFT_METHOD:
+            out["draft_method"] = self.draft_method
         for block, values in self._coef.items():
             out[block] = dict(zip(COEFFICIENTS[KIND[block]], values))
         if self.memory is not None:
@@ -477,8 +486,10 @@ class _Table:
 # -- fitting ---------------------------------------------------------------------------------------
 def fit_cost_model(table: ProfileTable, fitter: str = "linear",
                    fit_error: list[dict] | None = None) -> CostModel:
-    """Fit ``table`` with ``fitter`` (``linear`` or ``interp``); see the module docstring."""
+    """Fit ``table`` with ``fitter`` (``linear``, ``interp``, or ``auto``: :func:`profile_fitter`); see the module
+    docstring."""
     _check_fitter(fitter)
+    fitter = profile_fitter(fitter, table.meta)
     frame = table.frame
     coefficients: Coefficients = {}
     grid: Grid = {}
@@ -496,12 +507,40 @@ def fit_cost_model(table: ProfileTable, fitter: str = "linear",
             grid[block] = tuple(tuple(float(v) for v in np.unique(a)) for a in x)
             points[block] = rows
     common = dict(method=table.method_label, source=table.path, path=table.path, memory=table.memory, grid=grid,
-                  fit_error=fit_error, verification=table.verification, batch_layout=table.batch_layout)
+                  fit_error=fit_error, verification=table.verification, batch_layout=table.batch_layout,
+                  draft_method=draft_method_of(table))
     if fitter == "linear":
         return LinearCostModel(coefficients, **common)
     tables = {block: _fill_table(KIND[block], rows, grid[block], coefficients[block])
               for block, rows in points.items()}
     return InterpCostModel(coefficients, tables=tables, **common)
+
+
+def check_draft_method(method: str, cost: CostModel, flag: str) -> None:
+    """Refuse to price the draft passes of speculative ``method`` (vLLM's name) with ``cost``'s draft rows when they
+    describe another proposer: a draft head's passes need that head's rows, a draft model's a draft model's (an
+    n-gram proposer runs no draft pass). One line naming the profile, both methods and the way out."""
+    priced = cost.draft_method
+    if method in ("ngram", priced):
+        return
+    raise UserError(f"{flag} {cost.path}: its draft rows price {_draft_what(priced)}, not the speculative method "
+                    f"{method}; give --speculative-method {priced}, or a profile whose draft is "
+                    f"{_draft_what(method)}")
+
+
+def _draft_what(method: str) -> str:
+    return "a draft model (draft_model)" if method == DEFAULT_DRAFT_METHOD else f"a draft head ({method})"
+
+
+def draft_method_of(table: ProfileTable) -> str:
+    """What ``table``'s draft rows price: its metadata's ``draft.speculative_method`` (a head's, written by the
+    analytical model and the profiler), else a draft model."""
+    draft = table.meta.get("draft")
+    method = draft.get("speculative_method", DEFAULT_DRAFT_METHOD) if isinstance(draft, dict) else DEFAULT_DRAFT_METHOD
+    if method not in DRAFT_METHODS:
+        raise UserError(f"{meta_path(table.path)}: draft.speculative_method must be one of {', '.join(DRAFT_METHODS)} "
+                        f"(got {method!r})")
+    return method
 
 
 def _natural(kind: str, rows: pd.DataFrame) -> list[np.ndarray]:
@@ -639,9 +678,19 @@ def _check_fitter(fitter: str) -> None:
 
 
 # -- loading ---------------------------------------------------------------------------------------
-def load_cost_model(path: str | os.PathLike, fitter: str = "linear") -> CostModel:
+def profile_fitter(fitter: str, meta: dict) -> str:
+    """``fitter``, with ``auto`` resolved for the profile whose metadata is ``meta``: ``interp`` for a profile
+    calibrated to vLLM results (its ``calibration`` block; the calibration fitted and reported its errors through
+    ``interp``, and the ``linear`` form misprices its target pass by about 10% at both ends of the batch range),
+    ``linear`` (SmartSpec's form) for any other."""
+    if fitter != "auto":
+        return fitter
+    return "interp" if isinstance(meta, dict) and "calibration" in meta else "linear"
+
+
+def load_cost_model(path: str | os.PathLike, fitter: str = "auto") -> CostModel:
     """A cost model from a coefficient ``.json`` (``fitter`` unused) or a profile ``.csv`` fitted with
-    ``fitter``.
+    ``fitter`` (``auto``: :func:`profile_fitter`).
 
     Fitted models, with their held-out error (:func:`fit_report`), are cached under
     ``$SPECSIM_CACHE_DIR`` (default ``~/.cache/specsim``), keyed by a hash of the CSV bytes, the
@@ -657,6 +706,11 @@ def load_cost_model(path: str | os.PathLike, fitter: str = "linear") -> CostMode
     if suffix != ".csv":
         raise UserError(f"{path}: a cost model is a .json coefficient file or a .csv profile (got {p.suffix!r})")
     meta = meta_path(p)
+    if fitter == "auto":
+        try:
+            fitter = profile_fitter(fitter, json.loads(meta.read_text()))
+        except (OSError, ValueError):
+            fitter = "linear"  # no or unreadable metadata: read_profile reports it where it matters
     entry = _cache_dir() / f"{_cache_key(p.read_bytes(), meta.read_bytes() if meta.is_file() else b'', fitter)}.json"
     try:
         cached = json.loads(entry.read_text())
@@ -703,7 +757,8 @@ def model_from_dict(data: Any, path: str) -> CostModel:
     Blocks ``target`` and ``prefill`` are required; ``draft``, ``draft_prefill`` and ``overhead`` are
     optional (see :class:`LinearCostModel`); a missing coefficient is 0. Also optional: ``method``
     (default ``hand-written``; a measured one may name its forward path: ``measured, optimized``),
-    ``verification`` (default ``multi-query``), ``batch_layout`` (default ``ragged``), ``source`` (default ``path``),
+    ``verification`` (default ``multi-query``), ``batch_layout`` (default ``ragged``), ``draft_method`` (default
+    ``draft_model``; a draft head's ``eagle``, ``eagle3`` or ``mtp``), ``source`` (default ``path``),
     ``memory``, ``fit_error``, and for fitted models ``grid`` (measured axis values) and ``interp`` (seconds at every
     grid node).
     """
@@ -725,6 +780,9 @@ def model_from_dict(data: Any, path: str) -> CostModel:
     batch_layout = data.get("batch_layout", BATCH_LAYOUTS[0])
     if batch_layout not in BATCH_LAYOUTS:
         raise UserError(f"{path}: batch_layout must be one of {', '.join(BATCH_LAYOUTS)} (got {batch_layout!r})")
+    draft_method = data.get("draft_method", DEFAULT_DRAFT_METHOD)
+    if draft_method not in DRAFT_METHODS:
+        raise UserError(f"{path}: draft_method must be one of {', '.join(DRAFT_METHODS)} (got {draft_method!r})")
     source = data.get("source", path)
     if not isinstance(source, str):
         raise UserError(f"{path}: source must be a string (got {source!r})")
@@ -734,7 +792,7 @@ def model_from_dict(data: Any, path: str) -> CostModel:
     memory = Memory.from_dict(data["memory"], f"{path}: memory") if "memory" in data else None
     grid = _grid(data.get("grid", {}), coefficients, path)
     common = dict(method=method, source=source, path=path, memory=memory, grid=grid, fit_error=fit_error,
-                  verification=verification, batch_layout=batch_layout)
+                  verification=verification, batch_layout=batch_layout, draft_method=draft_method)
     if "interp" not in data:
         return LinearCostModel(coefficients, **common)
     return InterpCostModel(coefficients, tables=_tables(data["interp"], grid, path), **common)

@@ -22,7 +22,8 @@ class CudaGraphPadding(CostModel):
     def __init__(self, inner: CostModel, sizes: tuple[int, ...]) -> None:
         self.inner = inner
         self.sizes = tuple(sizes)
-        for name in ("method", "verification", "batch_layout", "source", "path", "memory", "fit_error"):
+        for name in ("method", "verification", "batch_layout", "draft_method", "source", "path", "memory",
+                     "fit_error"):
             setattr(self, name, getattr(inner, name))
 
     def padding(self, tokens: int) -> int:

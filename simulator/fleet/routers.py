@@ -1,12 +1,15 @@
 """Router policies of a fleet: which replica serves each arriving request (one registry, :data:`ROUTERS`).
 
 Each router is a small synchronous class (no SimPy inside, as the speculation policies): :meth:`Router.choose`
-takes a view of the arriving request (:class:`RequestView`) and the replicas' states (:class:`ReplicaState`, index
-order) and returns the index of the replica that serves it. Ties go to the lowest index everywhere, so a run never
-depends on anything but its config and seed. Names follow vLLM's production stack and llm-d.
+takes a view of the arriving request (:class:`RequestView`) and the states of the replicas it may choose from
+(:class:`ReplicaState`, in index order: every replica, or in a mixed fleet those whose KV cache can hold the request)
+and returns the position of its choice in that list. Ties go to the first position everywhere, so a run never
+depends on anything but its config and seed. The states are live (the fleet updates them as requests are routed and
+finish): read them during :meth:`Router.choose` only. Names follow vLLM's production stack and llm-d.
 """
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,12 +29,13 @@ class RequestView:
     prompt_id: int | None
     """The workload's prompt id (the same id: the same prompt text); None when the workload has none."""
     block_hashes: Sequence[int]
-    """Keys of the prompt's full KV blocks (:func:`simulator.core.prefix_cache.block_hashes`)."""
+    """Keys of the prompt's full KV blocks (:func:`simulator.core.prefix_cache.prompt_keys`; empty without prefix
+    caching)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReplicaState:
-    """One replica as the router sees it at an arrival."""
+    """One replica as the router sees it at an arrival (the fleet's live record of it)."""
 
     index: int
     outstanding: int
@@ -41,7 +45,7 @@ class ReplicaState:
 
 
 class Router:
-    """Base class: :meth:`choose` returns the index of the replica that serves ``request``."""
+    """Base class: :meth:`choose` returns the position in ``replicas`` of the replica that serves ``request``."""
 
     name = ""
 
@@ -53,10 +57,17 @@ class Router:
     def choose(self, request: RequestView, replicas: Sequence[ReplicaState]) -> int:  # pragma: no cover
         raise NotImplementedError
 
+    def surely_elsewhere(self, position: int, replicas: Sequence[ReplicaState]) -> int | None:
+        """How many of the next arrivals this router surely sends to another replica than the one at ``position``, as
+        long as that replica's outstanding count does not fall (a speed hint: the fleet plans that replica's steps up to
+        the next arrival that may come to it, :mod:`simulator.fleet.fleet`). None (the default): it cannot tell."""
+        return None
+
 
 def _least_loaded(replicas: Sequence[ReplicaState]) -> int:
-    """Index of the replica with the fewest outstanding requests; ties to the lowest index."""
-    return min(range(len(replicas)), key=lambda i: (replicas[i].outstanding, i))
+    """Position of the replica with the fewest outstanding requests; ties to the first."""
+    loads = [r.outstanding for r in replicas]
+    return loads.index(min(loads))
 
 
 class RoundRobin(Router):
@@ -75,6 +86,10 @@ class RoundRobin(Router):
         self.next = index + 1
         return index
 
+    def surely_elsewhere(self, position: int, replicas: Sequence[ReplicaState]) -> int | None:
+        """The turns before ``position``'s: (position - next) mod N."""
+        return (position - self.next) % len(replicas)
+
 
 class LeastOutstanding(Router):
     """The least-loaded replica: fewest requests routed to it and not finished (vLLM production stack's
@@ -85,6 +100,14 @@ class LeastOutstanding(Router):
     def choose(self, request: RequestView, replicas: Sequence[ReplicaState]) -> int:
         return _least_loaded(replicas)
 
+    def surely_elsewhere(self, position: int, replicas: Sequence[ReplicaState]) -> int | None:
+        """Replica ``i`` (at ``position``, c_i outstanding) is chosen only when every other replica j has c_j > c_i,
+        or c_j = c_i and comes after it. An arrival sent elsewhere raises one c_j by one, a finish elsewhere lowers one,
+        so at least sum_j max(0, c_i + [j before i] - c_j) arrivals go elsewhere first."""
+        loads = [r.outstanding for r in replicas]
+        c = loads[position]
+        return sum([c - o for o in loads if o < c]) + sum([1 for o in loads[:position] if o <= c])
+
 
 class PowerOfTwo(Router):
     """The power of two choices (Mitzenmacher, "The Power of Two Choices in Randomized Load Balancing", IEEE TPDS
@@ -93,12 +116,36 @@ class PowerOfTwo(Router):
 
     name = "power-of-two"
 
+    def __init__(self, rng: np.random.Generator | None = None, **params: Any) -> None:
+        super().__init__(rng, **params)
+        self._ahead: deque[tuple[int, int]] = deque()
+        """The pairs of the next arrivals, drawn ahead by :meth:`surely_elsewhere` (the same draws, in order)."""
+
+    def _draw(self, n: int) -> tuple[int, int]:
+        a, b = (int(x) for x in self.rng.choice(n, size=2, replace=False))
+        return a, b
+
     def choose(self, request: RequestView, replicas: Sequence[ReplicaState]) -> int:
         n = len(replicas)
         if n == 1:
             return 0
-        a, b = (int(x) for x in self.rng.choice(n, size=2, replace=False))
+        a, b = self._ahead.popleft() if self._ahead else self._draw(n)
         return min((a, b), key=lambda i: (replicas[i].outstanding, i))
+
+    def surely_elsewhere(self, position: int, replicas: Sequence[ReplicaState]) -> int | None:
+        """Only an arrival whose pair holds ``position`` may go there: the arrivals before the first such pair, the
+        pairs drawn ahead from the router's stream in the order :meth:`choose` takes them (at most 4 N ahead)."""
+        n = len(replicas)
+        if n == 1:
+            return 0
+        for m, pair in enumerate(self._ahead):
+            if position in pair:
+                return m
+        while len(self._ahead) < 4 * n:
+            self._ahead.append(pair := self._draw(n))
+            if position in pair:
+                return len(self._ahead) - 1
+        return len(self._ahead)
 
 
 class Session(Router):

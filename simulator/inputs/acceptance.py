@@ -17,6 +17,8 @@ Models (``SimConfig.acceptance``):
   then i.i.d. with r.
 * ``position``: the j-th proposed token is accepted with probability ``acceptance_positions[j-1]`` (the
   last value repeats) given that all before it were; as vLLM's per-position acceptance counters.
+* ``by-rank``: a measured table of acceptance by depth and rank (:func:`read_rank_table`, ``profile --acceptance``);
+  for a chain it is ``position`` with the table's rank-0 probabilities.
 * ``replay``: recorded accept/reject sequences of a real draft/target pair (:func:`read_acceptance_trace`).
   Each recorded request becomes a bit stream: a step that accepted a of p proposed tokens contributes a
   ones, then one zero if a < p (a step with p = 0 contributes nothing). At :meth:`start` a simulated
@@ -29,6 +31,17 @@ Models (``SimConfig.acceptance``):
 
 :func:`fit_acceptance` estimates the parameters of the other models from a trace.
 
+Token trees (:mod:`policies.tree`, issue 23) need acceptance by rank: ``q[d][r]``, the probability that the target's
+token at depth d is the draft's rank-r candidate. Every model above gives the top-1 acceptance a of a request at a
+depth (its rate, its Beta draw, the position's probability); the *rank model* spreads the rest over the other ranks:
+``q[d][r] = (1 - a) g(r)`` for r >= 1, with g the conditional probabilities of ranks 1, 2, ... given a miss of rank
+0 (``acceptance_ranks``; their sum <= 1, the rest falls beyond every candidate). The default g is an assumption, not a
+measurement (see ``SimConfig.acceptance_ranks``); a measured table replaces it (``by-rank``).
+:meth:`AcceptanceModel.draw_tree` draws the accepted length of a tree by inversion of its survival P(accepted >= d)
+(:func:`policies.tree.survival`), one uniform per request; ``replay`` walks the tree with its recorded bits instead (a
+one: the target's token is the draft's rank 0; after a zero, its rank is drawn from g), which on a chain is the
+chain's reading rule.
+
 A request that is started again while it still holds state (a preempted request resuming) keeps that
 state: its Beta rate or its place in the replayed stream. :meth:`AcceptanceModel.finish` frees it.
 Every random draw comes from the ``numpy.random.Generator`` given to the model.
@@ -36,17 +49,22 @@ Every random draw comes from the ``numpy.random.Generator`` given to the model.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
 from simulator.config import SimConfig
-from simulator.inputs.csv_checks import read_table, refuse_first, whole_numbers
+from simulator.inputs.csv_checks import finite_numbers, read_table, refuse_first, whole_numbers
 from policies.errors import UserError, require
+from policies.tree import (RankTable, TreeFamily, accepted_length, configured_tree, inversion_table, rank_table,
+                          survival)
 
 #: Columns an acceptance trace must have (others are ignored).
 TRACE_COLUMNS = ("request_id", "proposed", "accepted")
+#: Columns of a table of acceptance by depth and rank (``--acceptance-by-rank``; ``profile --acceptance`` writes it).
+RANK_COLUMNS = ("depth", "rank", "probability")
 #: A request enters the Beta fit of :func:`fit_acceptance` with at least this many verified tokens.
 MIN_FIT_TOKENS = 5
 
@@ -60,6 +78,13 @@ class AcceptanceModel:
     """Base class: per-request hooks that do nothing, and the per-step :meth:`draw` to implement."""
 
     name: ClassVar[str] = ""
+    ranks: tuple[float, ...] = ()
+    """The rank model's g: P(rank r | not rank 0) for r = 1, 2, ... (module docstring; :func:`make_acceptance` sets
+    it)."""
+    _rng: np.random.Generator
+    _tree_memo: dict | None = None
+    """:meth:`_inversion` of the shapes of one family under the shared rank table, by k (with the family under key
+    None)."""
 
     def start(self, request_id: int) -> None:
         """Request ``request_id`` enters decoding."""
@@ -83,6 +108,37 @@ class AcceptanceModel:
     def expected_rate(self) -> float:
         """Mean per-token acceptance probability, for reports."""
         raise NotImplementedError
+
+    # -- token trees -------------------------------------------------------------------------------------------
+    def rank_table(self) -> RankTable:
+        """The mean ``q[d][r]`` (the top-1 rate by depth with the rank model): what orders a tree family's nodes."""
+        return rank_table((self.expected_rate(),), self.ranks)
+
+    def draw_tree(self, request_ids: list[int], ks: list[int], family: TreeFamily) -> list[int]:
+        """Accepted length of each request verifying ``family.shape(ks[i])`` (0 for k = 0): one uniform per request
+        from the model's generator, inverted through the shape's survival under the request's rank table."""
+        uniforms = self._rng.random(len(ks)).tolist()
+        if self.shared_ranks and ks and ks.count(k := ks[0]) == len(ks):
+            # one k, one table (speed shortcut): accepted_length of the table each request would fetch, inlined
+            table = self._inversion(0, family, k)
+            return [bisect_left(table, -u) for u in uniforms] if k else [0] * len(ks)
+        inversion = self._inversion
+        return [accepted_length(inversion(r, family, k), u) if k else 0 for r, k, u in zip(request_ids, ks, uniforms)]
+
+    shared_ranks: bool = True
+    """Whether every request draws from the same rank table (:meth:`_inversion` then reads no request; False: the
+    plain path of :meth:`draw_tree`, request by request)."""
+
+    def _inversion(self, request_id: int, family: TreeFamily, k: int) -> tuple[float, ...]:
+        """:func:`policies.tree.inversion_table` of ``family.shape(k)``'s survival for the request; here one table for
+        every request, so kept by k."""
+        memo = self._tree_memo
+        if memo is None or memo[None] is not family:
+            memo = self._tree_memo = {None: family}
+        found = memo.get(k)
+        if found is None:
+            found = memo[k] = inversion_table(survival(family.shape(k), self.rank_table()))
+        return found
 
 
 class ConstantAcceptance(AcceptanceModel):
@@ -158,6 +214,8 @@ class BetaAcceptance(AcceptanceModel):
         self._rng = rng
         self._rates = np.full(0, np.nan)
         """Acceptance rate by request id; NaN: no state."""
+        self._by_request: dict[tuple[int, int], tuple[float, ...]] = {}
+        """Token trees: survival of the shape of each (request, k) met, under the request's rate."""
 
     def start(self, request_id: int) -> None:
         self._rates = _grown(self._rates, request_id, np.nan)
@@ -170,6 +228,18 @@ class BetaAcceptance(AcceptanceModel):
         """The acceptance rate drawn for a started request."""
         return float(self._rates[request_id])
 
+    shared_ranks = False
+
+    def _inversion(self, request_id: int, family: TreeFamily, k: int) -> tuple[float, ...]:
+        """The inversion table of ``family.shape(k)``'s survival under the request's own rate, kept per (request, k)
+        until it finishes."""
+        key = (request_id, k)
+        found = self._by_request.get(key)
+        if found is None:
+            table = rank_table((float(self._rates[request_id]),), self.ranks)
+            found = self._by_request[key] = inversion_table(survival(family.shape(k), table))
+        return found
+
     def draw(self, request_ids: np.ndarray, proposed: np.ndarray) -> np.ndarray:
         p_fail = 1.0 - self._rates[request_ids]
         certain = p_fail == 0.0  # a rate of exactly 1 (Beta draws can round to it)
@@ -178,6 +248,9 @@ class BetaAcceptance(AcceptanceModel):
 
     def finish(self, request_id: int) -> None:
         self._rates[request_id] = np.nan
+        if self._by_request:
+            for key in [key for key in self._by_request if key[0] == request_id]:
+                del self._by_request[key]
 
     def expected_rate(self) -> float:
         return self.mean
@@ -212,6 +285,24 @@ class PositionAcceptance(AcceptanceModel):
         :func:`fit_acceptance` measures it: sum_j P(accepted >= j) / (that sum + P(a rejection))."""
         expected_accepted = float(self.survival.sum())
         return expected_accepted / (expected_accepted + 1.0 - float(self.survival[-1]))
+
+    def rank_table(self) -> RankTable:
+        """Top-1 acceptance ``positions[d - 1]`` at depth d (the last repeats) with the rank model."""
+        return rank_table(self.positions, self.ranks)
+
+
+class ByRankAcceptance(PositionAcceptance):
+    """A measured table ``q[d][r]`` (:func:`read_rank_table`): token trees draw from it as it is; a chain proposal is
+    :class:`PositionAcceptance` of its rank-0 probabilities (the draws of that model)."""
+
+    name = "by-rank"
+
+    def __init__(self, table: RankTable, max_k: int, rng: np.random.Generator) -> None:
+        super().__init__(tuple(row[0] for row in table), max_k, rng)
+        self.table = table
+
+    def rank_table(self) -> RankTable:
+        return self.table
 
 
 @dataclass(frozen=True, eq=False)
@@ -263,6 +354,8 @@ class ReplayAcceptance(AcceptanceModel):
         self._zero_stop = next_zero < end_of
         """Whether that run of ones ends at a zero (not at the end of the stream)."""
         self._rate = float(bits.mean())
+        self._bits = bits.tolist()
+        """The recorded bits (token trees walk them one depth at a time)."""
         self._rng = rng
         self._pos = np.zeros(0, dtype=np.int64)
         """Index of each request's next bit."""
@@ -301,6 +394,41 @@ class ReplayAcceptance(AcceptanceModel):
         """Fraction of ones among all recorded bits (the pooled rate of :func:`fit_acceptance`)."""
         return self._rate
 
+    def draw_tree(self, request_ids: list[int], ks: list[int], family: TreeFamily) -> list[int]:
+        """Walk each request's tree along its stream (module docstring): at each depth a one means the target's token
+        is the draft's rank 0, read and passed if that child is in the tree (else left unread, as a chain leaves the
+        ones beyond k); a zero is read and, where the tree has another candidate, the rank drawn from the rank model
+        (r >= 1; beyond every rank: none), passed if that child is in the tree. On a chain this is :meth:`draw`'s rule,
+        the same draws."""
+        cumulative = np.cumsum(self.ranks).tolist()
+        out = []
+        for rid, k in zip(request_ids, ks):
+            shape, path = family.shape(k), ()
+            for _ in range(shape.depth):
+                if self._bits[int(self._pos[rid])]:
+                    child = path + (0,)
+                    if not shape.has(child):
+                        break
+                    self._advance(rid)
+                else:
+                    self._advance(rid)
+                    if not any(shape.has(path + (r,)) for r in range(1, len(cumulative) + 1)):
+                        break  # no other candidate here (a chain's node): no rank drawn
+                    u = self._rng.random()
+                    rank = next((r for r, c in enumerate(cumulative, 1) if u < c), None)
+                    child = path + (rank,) if rank is not None else ()
+                    if not child or not shape.has(child):
+                        break
+                path = child
+            out.append(len(path))
+        return out
+
+    def _advance(self, request_id: int) -> None:
+        """Move the request's pointer past one bit, onto a fresh stream where this one ends."""
+        self._pos[request_id] += 1
+        if self._pos[request_id] == self._end[request_id]:
+            self._assign(np.array([request_id]))
+
     def _assign(self, request_ids: np.ndarray) -> None:
         """Give each request a fresh stream, drawn uniformly with replacement."""
         stream = self._rng.integers(self._stream_end.size, size=request_ids.size)
@@ -310,14 +438,63 @@ class ReplayAcceptance(AcceptanceModel):
 
 def make_acceptance(config: SimConfig, rng: np.random.Generator) -> AcceptanceModel:
     """The acceptance model ``config.acceptance`` with its parameters, drawing from ``rng``."""
+    model: AcceptanceModel
     if config.acceptance == "constant":
-        return ConstantAcceptance(config.acceptance_rate, rng)
-    if config.acceptance == "beta":
-        return BetaAcceptance(config.acceptance_rate, config.acceptance_concentration, rng)
-    if config.acceptance == "position":
-        return PositionAcceptance(config.acceptance_positions, config.k, rng)
-    assert config.acceptance == "replay" and config.acceptance_trace is not None  # SimConfig validates
-    return ReplayAcceptance(read_acceptance_trace(config.acceptance_trace), rng)
+        model = ConstantAcceptance(config.acceptance_rate, rng)
+    elif config.acceptance == "beta":
+        model = BetaAcceptance(config.acceptance_rate, config.acceptance_concentration, rng)
+    elif config.acceptance == "position":
+        model = PositionAcceptance(config.acceptance_positions, config.k, rng)
+    elif config.acceptance == "by-rank":
+        assert config.acceptance_by_rank is not None  # SimConfig validates
+        model = ByRankAcceptance(read_rank_table(config.acceptance_by_rank), config.k, rng)
+    else:
+        assert config.acceptance == "replay" and config.acceptance_trace is not None  # SimConfig validates
+        model = ReplayAcceptance(read_acceptance_trace(config.acceptance_trace), rng)
+    model.ranks = config.acceptance_ranks
+    return model
+
+
+def tree_family(config: SimConfig) -> TreeFamily | None:
+    """The token tree configured (vLLM's ``speculative_token_tree`` or SGLang's steps, top-k and draft tokens) as a
+    :class:`policies.tree.TreeFamily` ordered by the acceptance model's mean rank table; ``None`` without a tree."""
+    if config.speculative_token_tree is None and config.speculative_num_steps is None:
+        return None
+    q = make_acceptance(config, np.random.default_rng(0)).rank_table()  # reads files only: no draw is taken
+    full = configured_tree(config.speculative_token_tree, config.speculative_num_steps,
+                           config.speculative_eagle_topk, config.speculative_num_draft_tokens, q)
+    assert full is not None
+    return TreeFamily(full, q)
+
+
+def read_rank_table(path: str) -> RankTable:
+    """Read a CSV of acceptance by depth and rank ``depth,rank,probability`` (extra columns ignored; ``profile
+    --acceptance`` writes it): ``probability`` is q[depth][rank], the probability that the target's token at that depth
+    (1, 2, ...) is the draft's candidate of that rank (0 = its most likely), given the path above was accepted. Ranks
+    not given are 0; depths past the last repeat it. Bad input stops with one line naming the file, the line and the
+    value: depths not 1..D without gaps, ranks not whole numbers >= 0, a (depth, rank) given twice, probabilities
+    outside [0, 1] or summing to more than 1 at a depth."""
+    _, columns = read_table(path, {"ranks": RANK_COLUMNS})
+    depth = whole_numbers(path, columns["depth"], 1)
+    rank = whole_numbers(path, columns["rank"], 0)
+    prob = finite_numbers(path, columns["probability"])
+    refuse_first(path, columns["probability"], (prob < 0) | (prob > 1), "must be in [0, 1]")
+    seen: dict[tuple[int, int], int] = {}
+    for line, key in enumerate(zip(depth.tolist(), rank.tolist()), 2):
+        if key in seen:
+            raise UserError(f"{path}: line {line}: depth {key[0]} rank {key[1]} is given twice (also line {seen[key]})")
+        seen[key] = line
+    depths = int(depth.max())
+    missing = sorted(set(range(1, depths + 1)) - set(depth.tolist()))
+    require(not missing, f"{path}: depth {missing[0] if missing else 0} has no row (depths must run 1..{depths})")
+    rows = []
+    for d in range(1, depths + 1):
+        row = [0.0] * (int(rank[depth == d].max()) + 1)
+        for r, p in zip(rank[depth == d].tolist(), prob[depth == d].tolist()):
+            row[r] = p
+        require(sum(row) <= 1.0 + 1e-9, f"{path}: the probabilities of depth {d} sum to {sum(row):g}, more than 1")
+        rows.append(tuple(row))
+    return tuple(rows)
 
 
 def read_acceptance_trace(path: str) -> AcceptanceTrace:

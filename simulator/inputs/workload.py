@@ -23,11 +23,16 @@ Random numbers: arrivals come from ``arrival_rng`` and lengths from ``length_rng
 ``i`` gets the same draws whatever the rate or the number of requests: a sweep over ``rate`` with one
 seed replays the same requests, only closer together (common random numbers).
 
-Trace files (detected by their header):
+Trace files (detected by their header, or a ``.jsonl`` name):
 
 * Azure LLM inference 2023: ``TIMESTAMP,ContextTokens,GeneratedTokens`` with absolute timestamps such as
   ``2023-11-16 18:15:46.6805900``; times are made relative to the first row (the first arrival is 0).
 * plain: ``arrival_time,prompt_tokens,output_tokens``, times in seconds, used as they are.
+* Mooncake (Qin et al., FAST 2025; ``conversation_trace.jsonl`` as released), JSON lines
+  ``{"timestamp": MS, "input_length": N, "output_length": M, "hash_ids": [...]}``: milliseconds (used from 0, as
+  released), and ``hash_ids``, the content ids of the prompt's 512-token blocks (:data:`MOONCAKE_BLOCK_TOKENS`; a
+  shared id is a shared prefix block, the last block may be partial): they name the prompt's content for prefix
+  caching (:class:`TraceBlocks`, :func:`simulator.core.prefix_cache.trace_block_keys`).
 
 Either may carry a ``prompt_id`` column (whole numbers >= 0): requests with the same id have the same prompt text (the
 same token stream, each prompt its first ``prompt_tokens`` tokens), which prefix caching reuses
@@ -48,6 +53,7 @@ many requests at 0.0).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,6 +81,33 @@ LENGTH_FORMATS: dict[str, tuple[str, str]] = {
 }
 #: Most synthetic requests one workload may hold (about 1.2 GB of arrays); more is surely a typo.
 MAX_SYNTHETIC_REQUESTS = 50_000_000
+#: Tokens per block of the Mooncake trace's ``hash_ids`` (its README: "the hash id of each 512-token block").
+MOONCAKE_BLOCK_TOKENS = 512
+#: Largest block id of a trace (ids enter packed block keys, :data:`simulator.core.prefix_cache.END_BITS` above them).
+MAX_BLOCK_ID = 2 ** 40
+
+
+@dataclass(frozen=True)
+class TraceBlocks:
+    """Content ids of each prompt's fixed-size blocks, as a trace gives them (Mooncake's ``hash_ids``): request ``i``'s
+    blocks are ``ids[offsets[i]:offsets[i + 1]]``, block ``j`` holding its tokens ``[j tokens, (j + 1) tokens)``, the
+    last one possibly partial (a prefix of the block of its id). Ids are chained, as the trace's hashes are: two
+    prompts share an id only where they agree on that block and every block before it."""
+
+    ids: np.ndarray
+    """int64 block ids, >= 0, every request's in turn."""
+    offsets: np.ndarray
+    """int64, ``n + 1`` entries: where each request's ids start in :attr:`ids` (and the end)."""
+    tokens: int
+    """Tokens per block."""
+
+    def of(self, rid: int) -> np.ndarray:
+        """Request ``rid``'s block ids."""
+        return self.ids[self.offsets[rid]:self.offsets[rid + 1]]
+
+    def head(self, n: int) -> TraceBlocks:
+        """The blocks of the first ``n`` requests."""
+        return TraceBlocks(self.ids[:self.offsets[n]], self.offsets[:n + 1], self.tokens)
 
 
 @dataclass(frozen=True)
@@ -92,6 +125,9 @@ class Workload:
     prompt_id: np.ndarray | None = None
     """int64 identity of each prompt's content, >= 0: the same id, the same prompt text (a token stream whose first
     ``prompt_tokens`` tokens are the prompt). ``None``: every request its own prompt (:meth:`prompt_ids`)."""
+    blocks: TraceBlocks | None = None
+    """The content ids of each prompt's blocks (a Mooncake trace's ``hash_ids``); when given, prefix caching keys its
+    blocks by them rather than by :attr:`prompt_id`. ``None``: none."""
 
     def __post_init__(self) -> None:
         for name, dtype in (("arrival_time", np.float64), ("prompt_tokens", np.int64),
@@ -112,9 +148,30 @@ class Workload:
             raise ValueError("Workload: arrival_time must be finite and non-decreasing")
         if n and (self.prompt_tokens.min() < 1 or self.output_tokens.min() < 1):
             raise ValueError("Workload: prompt_tokens and output_tokens must be >= 1")
+        if self.blocks is not None:
+            need = -(-self.prompt_tokens // self.blocks.tokens)
+            if len(self.blocks.offsets) != n + 1 or not np.array_equal(np.diff(self.blocks.offsets), need):
+                raise ValueError("Workload: blocks must hold ceil(prompt_tokens / tokens) ids per request")
 
     def __len__(self) -> int:
         return len(self.arrival_time)
+
+    # the per-request columns as Python lists, made once and shared by every engine serving the workload (a fleet's
+    # replicas read one copy, not one each: 64 replicas of a million requests would hold gigabytes)
+    @functools.cached_property
+    def prompt_list(self) -> list[int]:
+        """:attr:`prompt_tokens` as a list (read-only by convention)."""
+        return self.prompt_tokens.tolist()
+
+    @functools.cached_property
+    def output_list(self) -> list[int]:
+        """:attr:`output_tokens` as a list (read-only by convention)."""
+        return self.output_tokens.tolist()
+
+    @functools.cached_property
+    def prompt_id_list(self) -> list[int]:
+        """:meth:`prompt_ids` as a list (read-only by convention)."""
+        return self.prompt_ids().tolist()
 
     def prompt_ids(self) -> np.ndarray:
         """Each request's prompt id (int64): :attr:`prompt_id`, or ``0..n-1`` (nothing shared) when it is None."""
@@ -250,17 +307,20 @@ def _replay(config: SimConfig) -> Workload:
     times = _cut_at_duration(times, config.duration)
     kept = len(times)
     ids = trace.prompt_id[:kept] if trace.prompt_id is not None else None
-    return Workload(times, trace.prompt_tokens[:kept], trace.output_tokens[:kept], source, ids)
+    blocks = trace.blocks.head(kept) if trace.blocks is not None else None
+    return Workload(times, trace.prompt_tokens[:kept], trace.output_tokens[:kept], source, ids, blocks)
 
 
 # --- reading files -----------------------------------------------------------------------------------
 
 def read_trace(path: str) -> Workload:
-    """A trace file (Azure LLM 2023 or plain, told apart by the header) as a :class:`Workload`, with the prompt ids of
-    its optional ``prompt_id`` column.
+    """A trace file (Azure LLM 2023 or plain, told apart by the header; Mooncake JSON lines by a ``.jsonl`` name,
+    :func:`read_mooncake`) as a :class:`Workload`, with the prompt ids of its optional ``prompt_id`` column.
 
     Azure times are made relative to the first row; plain times are kept. Bad input: :class:`UserError`.
     """
+    if str(path).lower().endswith(".jsonl"):
+        return read_mooncake(path)
     name, columns = read_table(path, TRACE_FORMATS)
     time_column, prompt_column, output_column = (columns[c] for c in TRACE_FORMATS[name])
     times = _timestamps(path, time_column) if name == "azure" else _seconds(path, time_column)
@@ -276,6 +336,64 @@ def read_trace(path: str) -> Workload:
         ids = whole_numbers(path, id_columns[PROMPT_ID], 0, maximum=MAX_PROMPT_ID)
     return Workload(times, _token_counts(path, prompt_column), _token_counts(path, output_column),
                     f"trace {Path(path).name}", ids)
+
+
+def read_mooncake(path: str) -> Workload:
+    """A Mooncake trace (JSON lines ``timestamp`` in milliseconds, ``input_length``, ``output_length``, ``hash_ids``;
+    module docstring) as a :class:`Workload` whose :attr:`Workload.blocks` are its ``hash_ids``, blocks of
+    :data:`MOONCAKE_BLOCK_TOKENS` tokens. Times are the timestamps in seconds, kept as they are (the released trace
+    starts at 0). Bad input (a line that is no JSON object, a missing or mistyped field, a count of ``hash_ids`` that is
+    not ceil(input_length / 512), times going backwards): a :class:`UserError` naming the line (1 is the first) and
+    the field."""
+    import json
+    import math
+
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise UserError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read it as text ({exc})") from None
+    times, prompts, outputs, ids, offsets = [], [], [], [], [0]
+    tokens = MOONCAKE_BLOCK_TOKENS
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{path}: line {number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{where}: not a JSON object ({exc.msg})") from None
+        require(isinstance(row, dict), f"{where}: not a JSON object")
+        values = []
+        for field, low in (("timestamp", 0), ("input_length", 1), ("output_length", 1)):
+            value = row.get(field)
+            require(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                    and value >= low and (field == "timestamp" or value == int(value)),
+                    f"{where}: {field} must be a {'number' if field == 'timestamp' else 'whole number'} >= {low}, "
+                    f"got {value!r}")
+            values.append(value)
+        t, prompt, output = values[0] / 1000.0, int(values[1]), int(values[2])
+        require(t <= MAX_SECONDS, f"{where}: timestamp {values[0]!r} ms is later than {MAX_SECONDS:g} s")
+        if times and t < times[-1]:
+            raise UserError(f"{where}: timestamp goes backwards, traces must be sorted by time (got {values[0]!r} ms "
+                            f"after {times[-1] * 1000.0:g} ms)")
+        blocks = row.get("hash_ids")
+        require(isinstance(blocks, list) and all(isinstance(b, int) and not isinstance(b, bool) and
+                                                 0 <= b < MAX_BLOCK_ID for b in blocks),
+                f"{where}: hash_ids must be a list of whole numbers in [0, 2**40), got {str(blocks)[:60]}")
+        need = -(-prompt // tokens)
+        require(len(blocks) == need, f"{where}: hash_ids has {len(blocks)} ids; input_length {prompt} needs "
+                                     f"{need} (one per {tokens}-token block)")
+        times.append(t)
+        prompts.append(prompt)
+        outputs.append(output)
+        ids.extend(blocks)
+        offsets.append(len(ids))
+    require(bool(times), f"{path}: no requests (empty file)")
+    blocks = TraceBlocks(np.array(ids, dtype=np.int64), np.array(offsets, dtype=np.int64), tokens)
+    return Workload(np.array(times), np.array(prompts), np.array(outputs), f"trace {Path(path).name}", None, blocks)
 
 
 #: The optional trace column naming each request's prompt content (same id, same prompt text).

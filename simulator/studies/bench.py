@@ -7,9 +7,19 @@ present, else a lognormal of similar medians; Poisson arrivals at 4 req/s; the s
 Llama-2-7B (A100-80GB) cost model, the setting Vidur's reference numbers come from. It prints a table;
 the figures are noisy on shared machines, so compare ratios, not seconds. Then (``--calls N``, 0 to skip) the
 microseconds per call of the cost-model methods the engine calls millions of times a run. A policy may carry
-variants: ``+ngram`` (n-gram proposer), ``+chunked`` (chunked prefill), ``+NAME=VALUE`` (a policy parameter);
+variants: ``+ngram`` (n-gram proposer), ``+chunked`` (chunked prefill), ``+tree`` (SGLang's default EAGLE token tree
+of 7 nodes, k = 7), ``+NAME=VALUE`` (a policy parameter);
 ``threshold`` runs with ``max_batch=8`` (it then speculates in about 1% of its decode steps here: the batch is
 larger), ``threshold+max_batch=32`` in about two thirds of them. ``--profile`` prices every case with another profile.
+
+``--fleet N`` (issue 24, item 4) measures a fleet instead: N replicas behind the least-outstanding router serving
+``--fleet-requests`` requests (default 1,000,000) at ``--fleet-rate`` requests/s per replica (default 3: about three
+quarters of one replica's capacity here; at 4 one replica is at saturation, its queue grows and its batches fatten,
+which flatters its speed), against one replica at the same per-replica rate serving ``requests / N`` of them, or
+:data:`SINGLE_REQUESTS` when that is more (a shorter run's figure is mostly start-up), each policy of ``--policies`` in
+its own processes; it prints requests per wall-second (the whole process, and the
+simulation alone), their ratio (fleet / one replica), the same per CPU-second of the simulation (steadier where other
+jobs share the machine) and each process's peak memory.
 """
 from __future__ import annotations
 
@@ -30,7 +40,11 @@ BENCH_PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "data" / \
 
 
 #: What a ``+variant`` of a policy in ``--policies`` changes in the case's config (e.g. ``fixed-k+ngram``).
-VARIANTS = {"ngram": {"proposer": "ngram"}, "chunked": {"scheduler": "chunked-prefill"}}
+VARIANTS = {"ngram": {"proposer": "ngram"}, "chunked": {"scheduler": "chunked-prefill"},
+            # SGLang's documented EAGLE defaults (--speculative-num-steps 5 --speculative-eagle-topk 4
+            # --speculative-num-draft-tokens 8): a 7-node token tree, every node verified (k = 7)
+            "tree": {"speculative_num_steps": 5, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8,
+                     "k": 7}}
 #: Parameters of policies that need some (threshold: speculate while at most 8 requests run).
 POLICY_PARAMS = {"threshold": (("max_batch", 8),)}
 
@@ -54,15 +68,57 @@ def _case_config(size: int, policy: str, profile: Path = BENCH_PROFILE) -> dict:
     return config
 
 
+#: Fewest requests the one replica of ``--fleet`` serves (a shorter run measures mostly its start-up).
+SINGLE_REQUESTS = 50_000
+
+
+def _fleet_case(requests: int, policy: str, replicas: int, rate: float, profile: Path = BENCH_PROFILE) -> dict:
+    """The case ``policy`` for ``replicas`` replicas behind the least-outstanding router, ``rate`` requests/s each."""
+    config = _case_config(requests, policy, profile)
+    config["rate"] = rate * replicas
+    if replicas > 1:
+        config.update(replicas=replicas, router="least-outstanding")
+    return config
+
+
+def _run_child(config: dict) -> tuple[float, dict]:
+    """Run one case in a fresh process: its wall seconds and figures (:func:`_child`)."""
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "simulator.studies.bench", "--child", json.dumps(config)],
+                         check=True, capture_output=True, text=True).stdout
+    return time.perf_counter() - start, json.loads(out.strip().splitlines()[-1])
+
+
+def fleet_table(replicas: int, requests: int, rate: float, policies: list[str], profile: Path) -> list[str]:
+    """The ``--fleet`` comparison's lines: per policy, one replica serving ``requests / replicas`` requests (at least
+    :data:`SINGLE_REQUESTS`, at most ``requests``) and the fleet serving ``requests``, at ``rate`` requests/s per
+    replica."""
+    single = min(requests, max(requests // replicas, SINGLE_REQUESTS))
+    lines = [f"{'policy':>10} {'replicas':>8} {'requests':>9} {'steps':>10} {'process s':>10} {'req/s':>8} "
+             f"{'sim-only req/s':>15} {'ratio':>6} {'CPU req/s':>10} {'ratio':>6} {'peak MB':>8}"]
+    for policy in policies:
+        base = None
+        for count, size in ((1, single), (replicas, requests)):
+            wall, fig = _run_child(_fleet_case(size, policy, count, rate, profile))
+            speed, cpu = size / fig["sim_wall"], size / fig["sim_cpu"]
+            base = (speed, cpu) if base is None else base
+            lines.append(f"{policy:>10} {count:>8} {size:>9} {fig['steps']:>10} {wall:>10.1f} {size / wall:>8.0f} "
+                         f"{speed:>15.0f} {speed / base[0]:>5.2f}x {cpu:>10.0f} {cpu / base[1]:>5.2f}x "
+                         f"{fig['peak_mb']:>8.0f}")
+    return lines
+
+
 def _child(config_json: str) -> None:
     """Run one simulation in this process and print its figures as JSON."""
     from simulator.config import SimConfig
     from simulator.fleet import run as run_config
 
+    cpu = time.process_time()
     result = run_config(SimConfig.from_dict(json.loads(config_json)))
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps({"steps": result.summary["steps"], "sim_wall": result.summary["wall_seconds"],
-                      "peak_mb": peak_mb, "mean_latency": result.summary["mean_latency"]}))
+                      "sim_cpu": time.process_time() - cpu, "peak_mb": peak_mb,
+                      "mean_latency": result.summary["mean_latency"]}))
 
 
 def cost_call_speeds(calls: int) -> list[str]:
@@ -98,10 +154,23 @@ def main(argv: list[str]) -> int:
                         help="calls per cost-model method in the per-call table (0: no table)")
     parser.add_argument("--profile", type=Path, default=BENCH_PROFILE,
                         help="cost profile of every case (default: the shipped analytical A100 7B profile)")
+    parser.add_argument("--fleet", type=int, default=0, metavar="N",
+                        help="compare N replicas behind the least-outstanding router with one replica (0: no fleet)")
+    parser.add_argument("--fleet-requests", type=int, default=1_000_000,
+                        help="requests the fleet serves (one replica serves this / N); default 1,000,000")
+    parser.add_argument("--fleet-rate", type=float, default=3.0,
+                        help="arrival rate per replica, requests/s (default 3)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child(args.child)
+        return 0
+    if args.fleet > 0:
+        lengths = "Azure conv trace lengths" if AZURE_CONV.exists() else "lognormal lengths (trace absent)"
+        print(f"fleet: {args.fleet} replicas, least-outstanding, Poisson {args.fleet_rate:g} req/s per replica, "
+              f"{lengths}, {args.profile}")
+        print("\n".join(fleet_table(args.fleet, args.fleet_requests, args.fleet_rate, args.policies.split(","),
+                                    args.profile)))
         return 0
     lengths = "Azure conv trace lengths" if AZURE_CONV.exists() else "lognormal lengths (trace absent)"
     print(f"Poisson 4 req/s, {lengths}, {args.profile}, k=4 for fixed-k")
@@ -109,12 +178,7 @@ def main(argv: list[str]) -> int:
           f"{'peak MB':>8}")
     for size in [int(s) for s in args.sizes.split(",") if s.strip()]:
         for policy in args.policies.split(","):
-            start = time.perf_counter()
-            out = subprocess.run([sys.executable, "-m", "simulator.studies.bench", "--child",
-                                  json.dumps(_case_config(size, policy, args.profile))],
-                                 check=True, capture_output=True, text=True).stdout
-            wall = time.perf_counter() - start
-            fig = json.loads(out.strip().splitlines()[-1])
+            wall, fig = _run_child(_case_config(size, policy, args.profile))
             print(f"{size:>9} {policy:>16} {fig['steps']:>9} {wall:>10.2f} {size / wall:>9.0f} "
                   f"{size / fig['sim_wall']:>15.0f} {fig['peak_mb']:>8.0f}")
     if args.calls > 0:

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from policies.errors import UserError
-from simulator.config import SimConfig
+from policies.tree import tree_nodes
+from simulator.config import SimConfig, align_proposer
 from simulator.studies.compare import read_result_csv as _read_result_csv, warn_saturated
 from simulator.studies.specs import (field_kind, parse_field_value, parse_goodput, parse_grid, parse_policy_list,
                                      parse_policy_params, parse_rates, parse_seeds, parse_slo)
@@ -41,6 +42,7 @@ FLAG_NAMES: dict[str, tuple[str, ...]] = {
     "k": ("--k", "--num-speculative-tokens"),
     "acceptance_rate": ("--token-acceptance-prob", "--acceptance-rate"),
     "goodput_slo": ("--goodput", "--goodput-slo"),
+    "speculative_method": ("--speculative-method", "--speculative-algorithm"),
 }
 
 
@@ -119,6 +121,7 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
         if not isinstance(data, dict):
             raise UserError(f"--config {args.config}: not a JSON object")
         data = {**defaults, **data}
+    flags: dict[str, Any] = {}
     for f in fields(SimConfig):
         value = getattr(args, f.name, None)
         if value is None:
@@ -127,14 +130,25 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
             value = parse_policy_params(value)
         elif f.name == "goodput_slo":
             value = parse_goodput(value)
+        elif f.name == "replica_profiles" or (f.name == "replicas" and not value.strip().isdigit()):
+            # --replicas A,B: a mixed fleet, one replica per profile (replicas follows from the list)
+            flags["replica_profiles"] = tuple(p.strip() for p in value.split(",") if p.strip())
+            continue
         elif not isinstance(value, bool):
             value = parse_field_value(f.name, value)
-        data[f.name] = value
+        flags[f.name] = value
+    data.update(align_proposer(flags, data))  # --speculative-method alone sets the proposer over a file's
     _vllm_flags(args, data)
     if data.get("arrival") == "trace" and "rate" not in data:
         data["rate"] = None
     if data.get("trace") and "arrival" not in data:
         data["arrival"] = "trace"
+    if data.get("acceptance_by_rank") and "acceptance" not in data:
+        data["acceptance"] = "by-rank"
+    if "k" not in data:  # a token tree's size is vLLM's num_speculative_tokens
+        nodes = tree_nodes(data.get("speculative_token_tree"), data.get("speculative_num_draft_tokens"))
+        if nodes is not None:
+            data["k"] = nodes
     return SimConfig.from_dict(data, source=args.config or "flags")
 
 
@@ -192,8 +206,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if args.save_timeline:
             from simulator.studies.timeline import write_timeline
 
-            extra.append(f"timeline: {write_timeline(result.requests, result.steps, Path(args.out) / 'timeline.json')}"
-                         " (open in https://ui.perfetto.dev)")
+            timeline = write_timeline(result.requests, result.steps, Path(args.out) / "timeline.json", result.replicas)
+            extra.append(f"timeline: {timeline} (open in https://ui.perfetto.dev)")
     s = result.summary
     warn_ignored(s, config)
     print_summary(s, config)
@@ -420,6 +434,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(args.out, args.workers, args.quiet)
 
 
+def cmd_disagg(args: argparse.Namespace) -> int:
+    """``disagg``: goodput per GPU of disaggregated prefill/decode splits against co-located serving
+    (:mod:`simulator.studies.disagg`)."""
+    from simulator.results import prepare_out_dir
+    from simulator.studies import disagg
+
+    slo = parse_slo(args.slo)
+    policies = parse_policy_list("--policies", args.policies)
+    rates = parse_rates("--rates-per-gpu", args.rates_per_gpu)
+    splits = disagg.parse_splits(disagg.DEFAULT_SPLITS if args.splits is None and args.gpus == disagg.DEFAULT_GPUS
+                                 else args.splits)
+    # a disaggregated base, so that the link's and the routers' flags apply; each cell sets its own layout
+    base = config_from_args(args, arrival="trace", trace=disagg.DEFAULT_TRACE, profile=disagg.DEFAULT_PROFILE,
+                            num_requests=disagg.DEFAULT_REQUESTS, prefill_replicas=1, decode_replicas=1)
+    out, lock = prepare_out_dir(args.out)
+    with lock:
+        _, table, figures = disagg.run_disagg_study(base, args.gpus, splits, policies, rates, slo, out, args.workers,
+                                                    args.cluster)
+    print(table.to_string(index=False))
+    for line in disagg.verdict(table):
+        print(line)
+    print(f"tables: {out / 'cells.csv'}, {out / 'goodput.csv'}")
+    for figure in figures:
+        print(f"figure: {figure}")
+    return 0
+
+
 def cmd_bench(argv: list[str]) -> int:
     from simulator.studies.bench import main as bench_main
 
@@ -468,6 +509,7 @@ COMMANDS = {
     "compare": "two runs or sweeps side by side, or a vLLM benchmark result replayed and compared (table and figure)",
     "demo": "the default demo (what no arguments runs): where speculation stops paying",
     "bench": "the simulator's own speed: simulated requests per wall-second and peak memory",
+    "disagg": "goodput per GPU at TTFT and TPOT SLOs: disaggregated prefill/decode splits against co-located serving",
     "profile": "measure a model pair's costs on a device (profile extra; torch)",
     "calibrate": "fit a cost model of a vLLM deployment to its vllm bench serve --save-result files: a profile",
     "validate": "real engine against the simulator on the same requests (profile extra; torch)",
@@ -548,6 +590,32 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help=COMMANDS["demo"], description=COMMANDS["demo"])
     _add_run_flags(demo, out_default="results/demo")
     demo.set_defaults(func=cmd_demo)
+
+    from simulator.studies import disagg  # its defaults (pandas and the fleet are imported only when it runs)
+
+    split = sub.add_parser("disagg", help=COMMANDS["disagg"], description=COMMANDS["disagg"] + (
+        " (Splitwise's and DistServe's headline; simulator/studies/disagg.py). Default: the Azure conversation trace "
+        "on the vLLM-calibrated Llama 3.1 8B / 3.2 1B H100 profile; the config flags set the rest (--kv-link, "
+        "--prefill-router and --decode-router for the disaggregated layouts; --prefill-router also routes the "
+        "co-located replicas)."))
+    add_config_flags(split)
+    split.add_argument("--gpus", type=int, default=disagg.DEFAULT_GPUS, metavar="G",
+                       help=f"GPUs of every layout: G/tp co-located replicas, or P + D instances of tp GPUs (tp: the "
+                            f"profile's tensor parallel; default {disagg.DEFAULT_GPUS})")
+    split.add_argument("--splits", metavar="P:D,...",
+                       help=f"prefill:decode instance counts, each using every GPU (default: {disagg.DEFAULT_SPLITS} "
+                            f"with {disagg.DEFAULT_GPUS} GPUs, every split with another count; empty: every split)")
+    split.add_argument("--rates-per-gpu", default=disagg.DEFAULT_RATES_PER_GPU, metavar="R1,R2,...",
+                       help=f"request rates per GPU to run, req/s > 0 (default {disagg.DEFAULT_RATES_PER_GPU})")
+    split.add_argument("--policies", default=disagg.DEFAULT_POLICIES, metavar="SPEC,...",
+                       help=f"speculation policies (on the decode instances of a split), comma-separated (default "
+                            f"{disagg.DEFAULT_POLICIES})")
+    split.add_argument("--slo", default=disagg.DEFAULT_SLO, metavar='"P% ttft:MS tpot:MS"',
+                       help=f'the SLO: at least P%% of requests meet every bound, ms (default '
+                            f'"{disagg.DEFAULT_SLO.replace("%", "%%")}"); the request count defaults to '
+                            f'{disagg.DEFAULT_REQUESTS} (--num-requests)')
+    _add_run_flags(split, out_default="results/disagg", cluster=True)
+    split.set_defaults(func=cmd_disagg)
     for name in ("bench", "profile", "calibrate", "validate"):  # listed here; they parse their own flags (run_sim.py NAME --help)
         sub.add_parser(name, help=COMMANDS[name] + f" (run_sim.py {name} --help)", add_help=False)
     return parser

@@ -80,13 +80,18 @@ def _file_digest(path: str, flag: str) -> str:
 
 def input_digests(config: SimConfig) -> dict[str, str]:
     """The content hash of every input file ``config`` names (a profile CSV with its ``.meta.json``)."""
+    from simulator.fleet.fleet import resolve_profile
+
     out = {}
-    for name, flag in INPUT_FILES.items():
-        path = getattr(config, name)
+    named = [(name, getattr(config, name), flag) for name, flag in INPUT_FILES.items()]
+    named += [(f"replica_profile_{j}", resolve_profile(entry), "--replicas")  # a mixed fleet's profiles
+              for j, entry in enumerate(config.replica_profiles)]
+    for name, path, flag in named:
         if path is None:
             continue
         out[name] = _file_digest(path, flag)
-        if name in ("profile", "policy_profile") and Path(path).suffix.lower() == ".csv":
+        if (name in ("profile", "policy_profile") or name.startswith("replica_profile_")) and \
+                Path(path).suffix.lower() == ".csv":
             meta = Path(path).with_name(Path(path).stem + ".meta.json")
             out[name + "_meta"] = _file_digest(str(meta), flag) if meta.is_file() else ""
     return out
@@ -126,7 +131,7 @@ def build_cells(base: SimConfig, rates: list[float], policies: list[str], seeds:
             changes["policy_params"] = base.policy_params + params
         labels = (("policy", spec), ("rate", rate), ("seed", seed), *zip(map(axis_column, axes), values))
         config = base.replace(**changes)
-        files = tuple(getattr(config, name) for name in INPUT_FILES)
+        files = (*(getattr(config, name) for name in INPUT_FILES), config.replica_profiles)
         if files not in digests:
             digests[files] = input_digests(config)
         cells.append(Cell(labels, config, cell_key(config, digests[files])))
