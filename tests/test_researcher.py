@@ -53,7 +53,15 @@ def test_vllm_spellings_are_aliases(capsys, tmp_path):
     a = json.loads((tmp_path / "a" / "summary.json").read_text())
     b = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert a["mean_latency"] == b["mean_latency"]
-    assert "measured draft acceptance rate" in out and "input token acceptance probability 0.7" in out
+    assert "measured draft acceptance rate" in out and "input token acceptance probability 0.7 (constant)" in out
+
+
+def test_the_printed_input_acceptance_is_what_the_model_read(capsys, tmp_path):
+    """A position model reads its positions, not the (unused) token probability."""
+    code, out, err = run(capsys, "simulate", "--rate", "2", "--num-requests", "30", "--policy", "fixed-k", "--k", "3",
+                         "--acceptance", "position", "--acceptance-positions", "0.8,0.7,0.6", "--out", str(tmp_path))
+    assert code == 0, err
+    assert "input acceptance by position 0.8,0.7,0.6 (position)" in out and "probability 0.8" not in out
 
 
 def test_burstiness_is_gamma_shape(capsys, tmp_path):

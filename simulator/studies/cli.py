@@ -234,8 +234,22 @@ def print_summary(s: dict[str, Any], config: SimConfig) -> None:
     if s["proposed_tokens"]:
         print(f"measured draft acceptance rate (accepted / proposed tokens) {s['acceptance_rate']:.3f}; mean "
               f"acceptance length {s['mean_acceptance_length']:.2f} tokens per step (bonus included); input "
-              f"token acceptance probability {config.acceptance_rate:g} ({config.acceptance})")
+              f"{acceptance_input(config)}")
     warn_saturated(s)
+
+
+def acceptance_input(config: SimConfig) -> str:
+    """What the run's acceptance model was given, in words (only what that model reads)."""
+    if config.acceptance == "constant":
+        return f"token acceptance probability {config.acceptance_rate:g} (constant)"
+    if config.acceptance == "beta":
+        return (f"per-request acceptance Beta with mean {config.acceptance_rate:g} and concentration "
+                f"{config.acceptance_concentration:g} (beta)")
+    if config.acceptance == "position":
+        return f"acceptance by position {','.join(f'{a:g}' for a in config.acceptance_positions)} (position)"
+    if config.acceptance == "by-rank":
+        return f"acceptance by depth and rank from {config.acceptance_by_rank} (by-rank)"
+    return f"acceptance replayed from {config.acceptance_trace} (replay)"
 
 
 def warn_ignored(summary: dict[str, Any], config: SimConfig) -> None:
