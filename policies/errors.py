@@ -4,6 +4,13 @@ A :class:`UserError` is a problem with something the user gave us (a file, a fla
 The command line prints its message as one line and exits with status 2; it never shows a traceback.
 Messages name the input (file, field) and the offending value.
 """
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+EXIT_USER_ERROR = 2
+"""Exit status of a command stopped by a :class:`UserError`."""
 
 
 class UserError(Exception):
@@ -14,3 +21,14 @@ def require(condition: bool, message: str) -> None:
     """Raise :class:`UserError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise UserError(message)
+
+
+def exit_on_user_error(main: Callable[[list[str]], int], argv: list[str]) -> None:
+    """A module's ``__main__``: exit with ``main(argv)``'s status, or print a :class:`UserError` as one line and exit
+    with :data:`EXIT_USER_ERROR`."""
+    try:
+        status = main(argv)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        status = EXIT_USER_ERROR
+    sys.exit(status)

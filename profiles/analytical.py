@@ -81,7 +81,7 @@ import pandas as pd
 
 from profiles.grid import GPU_GRID, Grid
 from profiles.models.config import HEAD_SHAPES, read_model_config
-from policies.errors import UserError
+from policies.errors import UserError, exit_on_user_error
 from simulator.costs.profile_table import VERIFICATIONS
 
 
@@ -575,8 +575,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    exit_on_user_error(main, sys.argv[1:])

@@ -34,10 +34,9 @@ import pandas as pd
 
 from profiles.grid import GPU_GRID, Grid
 from profiles.profiler import ProfileSettings, TimingPolicy, run_profile
-from policies.errors import UserError
+from policies.errors import UserError, exit_on_user_error
 
 FITTERS = ("linear", "interp")
-EXIT_USER_ERROR = 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -312,8 +311,4 @@ def plot_fit(table, path: str) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(EXIT_USER_ERROR)
+    exit_on_user_error(main, sys.argv[1:])

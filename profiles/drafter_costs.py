@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from policies.errors import UserError
+from policies.errors import UserError, exit_on_user_error
 from policies.tree import TreeShape
 from profiles.models.pairs import encode_prompts, load_draft, load_head, load_target, read_prompts
 from profiles.serving.draft_model import DraftModelTrees
@@ -81,8 +81,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    exit_on_user_error(main, sys.argv[1:])

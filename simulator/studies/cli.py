@@ -16,14 +16,12 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any, Callable
 
-from policies.errors import UserError
+from policies.errors import EXIT_USER_ERROR, UserError
 from policies.tree import tree_nodes
 from simulator.config import SimConfig, align_proposer
 from simulator.studies.compare import read_result_csv as _read_result_csv, warn_saturated
 from simulator.studies.specs import (field_kind, parse_field_value, parse_goodput, parse_grid, parse_policy_list,
                                      parse_policy_params, parse_rates, parse_seeds, parse_slo)
-
-EXIT_USER_ERROR = 2
 
 
 class _Parser(argparse.ArgumentParser):
