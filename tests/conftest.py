@@ -1,5 +1,5 @@
 """Shared fixtures: hand-written cost models, a user policy file, the tiny model pair, and the location of the
-shared traces."""
+shipped traces."""
 from __future__ import annotations
 
 import json
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from simulator.inputs import TRACES  # the shipped traces (re-exported for the tests)
+
 REPO = Path(__file__).resolve().parents[1]
-TRACES = REPO.parent / "shared" / "traces"
 
 
 def write_cost_json(path: Path, target: float = 0.01, draft: float = 0.001, prefill: float = 0.0,

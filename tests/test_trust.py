@@ -20,7 +20,8 @@ from simulator.studies import sweep as sweep_module
 from simulator.studies.cli import main
 from simulator.studies.executors import LocalExecutor
 from simulator.studies.sweep import build_cells, run_sweep
-from tests.conftest import REPO, TRACES, write_cost_json
+from simulator.inputs import AZURE_CONV, MOONCAKE_PLAIN
+from tests.conftest import REPO, write_cost_json
 
 
 def sweep_argv(profile: str, out: Path, *extra: str) -> list[str]:
@@ -186,9 +187,8 @@ def test_acceptance_length_is_emitted_tokens_per_speculative_step(tmp_path):
     assert (result.requests["accepted_tokens"] == 2).all()  # 2 of the 4 accepted were emitted; the rest not counted
 
 
-@pytest.mark.skipif(not (TRACES / "azure_llm_2023").is_dir(), reason="shared traces not present")
 def test_on_the_azure_conversation_trace_accepted_tokens_fit_the_outputs(tmp_path):
-    trace = next((TRACES / "azure_llm_2023").rglob("*conv*.csv"))
+    trace = AZURE_CONV
     config = SimConfig(profile=write_cost_json(tmp_path / "p.json"), arrival="trace", trace=str(trace),
                        num_requests=3000, k=5, policy="fixed-k", acceptance_rate=0.9, num_gpu_blocks=1_000_000)
     r = run_simulation(config).requests
@@ -225,10 +225,9 @@ def test_ignoring_nothing_changes_nothing(tmp_path):
     pd.testing.assert_frame_equal(a.requests, b.requests)
 
 
-@pytest.mark.skipif(not (TRACES / "mooncake" / "conversation.csv").is_file(), reason="shared traces not present")
 def test_the_mooncake_trace_with_4096_blocks_serves_what_fits(tmp_path):
     config = SimConfig(profile=write_cost_json(tmp_path / "p.json"), arrival="trace",
-                       trace=str(TRACES / "mooncake" / "conversation.csv"), num_requests=1500, num_gpu_blocks=4096,
+                       trace=str(MOONCAKE_PLAIN), num_requests=1500, num_gpu_blocks=4096,
                        max_num_seqs=64)
     result = run_simulation(config)
     s = result.summary

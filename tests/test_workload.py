@@ -9,19 +9,8 @@ import pytest
 from simulator.config import SimConfig
 from policies.errors import UserError
 from simulator.inputs.workload import Workload, build_workload, read_lengths, read_trace
-from tests.conftest import TRACES
-
-AZURE_CONV = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
-AZURE_CODE = TRACES / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv"
-MOONCAKE = TRACES / "mooncake" / "conversation.csv"
-SHAREGPT = TRACES / "sharegpt_8k_stats" / "sharegpt_8k_filtered_stats_llama2_tokenizer.csv"
-
-
-def shared_trace(path: Path) -> str:
-    """The path of a shared real trace, or skip the test where the checkout has none."""
-    if not path.is_file():
-        pytest.skip(f"shared trace not present: {path}")
-    return str(path)
+from simulator.inputs import AZURE_CODE, AZURE_CONV, MOONCAKE as MOONCAKE_TRACE, MOONCAKE_PLAIN as MOONCAKE
+from simulator.inputs import SHAREGPT_STATS as SHAREGPT
 
 
 def build(seed: int = 0, **fields) -> Workload:
@@ -128,7 +117,7 @@ def test_file_lengths_are_whole_rows_of_the_file_clipped_to_the_maximum(tmp_path
 
 
 def test_sharegpt_lengths_keep_each_prompt_with_its_own_output():
-    prompt, output = read_lengths(shared_trace(SHAREGPT))
+    prompt, output = read_lengths(str(SHAREGPT))
     assert len(prompt) == 30_731 and prompt.dtype == output.dtype == np.int64
     w = build(num_requests=5000, length_dist="file", length_file=str(SHAREGPT),
               max_prompt_len=10**6, max_output_len=10**6)
@@ -201,7 +190,7 @@ def test_workload_arrays_are_typed_and_read_only():
 
 
 def test_azure_conversation_trace_is_near_poisson():
-    w = read_trace(shared_trace(AZURE_CONV))
+    w = read_trace(str(AZURE_CONV))
     assert len(w) == 19_366
     assert w.arrival_time[0] == 0.0 and w.arrival_time[1] == pytest.approx(4.314579, abs=1e-9)
     assert cv(np.diff(w.arrival_time)) == pytest.approx(1.09, abs=0.01)
@@ -209,13 +198,13 @@ def test_azure_conversation_trace_is_near_poisson():
 
 
 def test_azure_code_trace_is_very_bursty():
-    w = read_trace(shared_trace(AZURE_CODE))
+    w = read_trace(str(AZURE_CODE))
     assert len(w) == 8_819 and w.arrival_time[0] == 0.0
     assert cv(np.diff(w.arrival_time)) > 10
 
 
 def test_mooncake_plain_trace_with_simultaneous_arrivals():
-    w = read_trace(shared_trace(MOONCAKE))
+    w = read_trace(str(MOONCAKE))
     assert len(w) == 12_031
     assert w.arrival_time[:2].tolist() == [0.0, 0.0]
     assert (w.prompt_tokens[0], w.output_tokens[0]) == (6758, 500)
@@ -303,7 +292,6 @@ def test_blank_lines_header_spaces_quotes_and_extra_columns_are_read_as_a_person
 
 # --- Mooncake's JSON lines with content hashes ------------------------------------------------------
 
-MOONCAKE_JSONL = TRACES / "mooncake" / "conversation_trace.jsonl"
 
 
 def jsonl(path: Path, *rows: str) -> str:
@@ -346,7 +334,7 @@ def test_a_mooncake_trace_going_backwards_is_refused(tmp_path):
 
 
 def test_the_released_mooncake_trace_has_a_block_id_per_512_tokens():
-    w = read_trace(shared_trace(MOONCAKE_JSONL))
+    w = read_trace(str(MOONCAKE_TRACE))
     assert len(w) == 12_031 and w.blocks.ids.size == 288_500
     assert w.blocks.of(0).tolist() == list(range(14)) and w.prompt_tokens[0] == 6758
     ids = w.blocks.ids.tolist()  # the README's figure: 36.6% of the blocks repeat an earlier request's

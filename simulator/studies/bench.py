@@ -2,8 +2,8 @@
 
 ``python run_sim.py bench [--sizes 10000,100000] [--policies no-spec,fixed-k,goodput+ngram]`` runs each case in a fresh
 process (so start-up is counted and peak memory is that run's own), with request lengths sampled from
-the Azure LLM 2023 conversation trace (Splitwise, ISCA 2024; CC-BY 4.0) when ``../shared/traces`` is
-present, else a lognormal of similar medians; Poisson arrivals at 4 req/s; the shipped analytical
+the Azure LLM 2023 conversation trace (Splitwise, ISCA 2024; CC-BY 4.0; shipped, :data:`simulator.inputs.AZURE_CONV`);
+Poisson arrivals at 4 req/s; the shipped analytical
 Llama-2-7B (A100-80GB) cost model, the setting Vidur's reference numbers come from. It prints a table;
 the figures are noisy on shared machines, so compare ratios, not seconds. Then (``--calls N``, 0 to skip) the
 microseconds per call of the cost-model methods the engine calls millions of times a run. A policy may carry
@@ -31,8 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-AZURE_CONV = Path(__file__).resolve().parents[3] / "shared" / "traces" / "azure_llm_2023" / \
-    "AzureLLMInferenceTrace_conv.csv"
+from simulator.inputs import AZURE_CONV
+
 
 
 BENCH_PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "data" / \
@@ -61,10 +61,7 @@ def _case_config(size: int, policy: str, profile: Path = BENCH_PROFILE) -> dict:
         else:
             config.update(VARIANTS[variant])
     config["policy_params"] = tuple(dict(config["policy_params"]).items())
-    if AZURE_CONV.exists():
-        config.update(length_dist="file", length_file=str(AZURE_CONV))
-    else:
-        config.update(length_dist="lognormal", prompt_len=1020, output_len=130, length_sigma=1.0)
+    config.update(length_dist="file", length_file=str(AZURE_CONV))
     return config
 
 
@@ -166,14 +163,12 @@ def main(argv: list[str]) -> int:
         _child(args.child)
         return 0
     if args.fleet > 0:
-        lengths = "Azure conv trace lengths" if AZURE_CONV.exists() else "lognormal lengths (trace absent)"
         print(f"fleet: {args.fleet} replicas, least-outstanding, Poisson {args.fleet_rate:g} req/s per replica, "
-              f"{lengths}, {args.profile}")
+              f"Azure conv trace lengths, {args.profile}")
         print("\n".join(fleet_table(args.fleet, args.fleet_requests, args.fleet_rate, args.policies.split(","),
                                     args.profile)))
         return 0
-    lengths = "Azure conv trace lengths" if AZURE_CONV.exists() else "lognormal lengths (trace absent)"
-    print(f"Poisson 4 req/s, {lengths}, {args.profile}, k=4 for fixed-k")
+    print(f"Poisson 4 req/s, Azure conv trace lengths, {args.profile}, k=4 for fixed-k")
     print(f"{'requests':>9} {'policy':>16} {'steps':>9} {'process s':>10} {'req/s':>9} {'sim-only req/s':>15} "
           f"{'peak MB':>8}")
     for size in [int(s) for s in args.sizes.split(",") if s.strip()]:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from policies.errors import UserError
 from simulator.config import SimConfig
+from simulator.inputs import AZURE_CONV
 from simulator.studies.specs import Slo, parse_policy_spec
 
 if TYPE_CHECKING:  # pragma: no cover - typing only (the command line reads the defaults without pandas)
@@ -44,7 +45,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only (the command line reads the 
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PROFILE = str(REPO / "profiles" / "data" / "h100-80gb-vllm__llama-3.1-8b__llama-3.2-1b.csv")
-DEFAULT_TRACE = str(REPO.parent / "shared" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv")
+DEFAULT_TRACE = str(AZURE_CONV)
 DEFAULT_REQUESTS = 2000
 DEFAULT_GPUS = 8
 DEFAULT_SPLITS = "3:5,4:4,5:3,6:2"
