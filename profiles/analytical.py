@@ -413,7 +413,7 @@ class Deployment:
 #: The shipped analytical profiles: a 7B pair on one GPU, a 70B pair on the fewest GPUs it fits
 #: (140 GB of bf16 weights: 4 x 80 GB, or 2 x 141 GB), verified multi-query; the 7B pair verified by
 #: batch expansion (SmartSpec's engine); and Llama-3.1-8B on an H100 with its EAGLE-3 and EAGLE heads (the
-#: vLLM-calibrated versions of those are transfers: README, "Draft heads").
+#: vLLM-calibrated versions of those are transfers: docs/trees_and_heads.md, "Draft heads").
 DEPLOYMENTS = tuple(
     Deployment(gpu, target, draft, tp, verification)
     for gpu, tp70 in (("a100-80gb", 4), ("h100-80gb", 4), ("h200", 2))

@@ -120,12 +120,12 @@ def test_the_shipped_calibrated_head_profiles_are_transfers_of_the_8b_calibratio
     from profiles.calibrate import transfer
     from profiles.calibrate import fit_draft_overhead
 
-    monkeypatch.chdir(REPO)  # the source is recorded as given: the README's command gives it from the repository
+    monkeypatch.chdir(REPO)  # the source is recorded as given: the docs' command gives it from the repository
     out = tmp_path / f"{head}.csv"
     dep, source = Deployment("h100-80gb", "llama-3.1-8b", head, 1), str(CALIBRATED.relative_to(REPO))
     cal = transfer(source, dep, out, fit_draft_overhead(source, dep, str(EAGLE_RUNS.relative_to(REPO))))
     shipped = DATA_DIR / f"h100-80gb-vllm__llama-3.1-8b__{head}.csv"
-    assert shipped.read_text() == out.read_text(), f"{shipped} is stale: README 'Draft heads' has the command"
+    assert shipped.read_text() == out.read_text(), f"{shipped} is stale: docs/vllm.md has the command"
     meta = shipped.with_name(shipped.stem + ".meta.json")
     assert meta.read_text() == out.with_name(out.stem + ".meta.json").read_text()
     frame, source = pd.read_csv(shipped), pd.read_csv(CALIBRATED)

@@ -1,9 +1,10 @@
-"""Every command the README shows runs as written (issue 15), on small settings.
+"""Every command the README and the documentation pages show runs as written (issue 15), on small settings.
 
-The commands are read from the README itself (the Commands table and the ``bash`` code blocks), so a new or
-edited command is tested without editing this file. Each runs in a scratch folder in README order (``compare``
-reads what ``simulate`` wrote), with its request counts, rates, seeds and sizes made small; the commands that need
-torch models (``profile``, ``validate``), the installs and the full demo are only parsed: ``--help`` must exit 0.
+The commands are read from README.md and then ``docs/*.md`` (tables in backticks and ``bash`` code blocks), so a
+new or edited command is tested without editing this file. Each runs in a scratch folder in that order, the
+README's first (``compare`` reads what ``simulate`` wrote; a command shown twice runs once), with its request
+counts, rates, seeds and sizes made small; the commands that need torch models (``profile``, ``validate``), the
+installs and the full demo are only parsed: ``--help`` must exit 0.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import pytest
 import run_sim
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+#: The README, then the documentation pages (docs/, built by mkdocs.yml) by name.
+PAGES = [README, *sorted((README.parent / "docs").glob("*.md"))]
 
 #: Flags rewritten to keep the test cheap: flag -> small value.
 SMALL = {"--num-prompts": "40", "--num-requests": "40", "--seeds": "0", "--sizes": "300", "--workers": "2",
@@ -26,17 +29,19 @@ HELP_ONLY = ("profile", "validate")
 
 
 def readme_commands() -> list[str]:
-    """Every ``python run_sim.py ...`` command of the README: table cells in backticks and code-block lines."""
-    text = README.read_text()
+    """Every ``python run_sim.py ...`` command of the README and the docs pages: table cells in backticks and
+    code-block lines."""
     commands = []
-    for match in re.finditer(r"`(python run_sim\.py[^`]*)`", text):
-        commands.append(match.group(1).strip())
-    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
-        for line in block.splitlines():
-            for part in line.split("&&"):
-                part = part.strip()
-                if part.startswith("python run_sim.py"):
-                    commands.append(part)
+    for page in PAGES:
+        text = page.read_text()
+        for match in re.finditer(r"`(python run_sim\.py[^`]*)`", text):
+            commands.append(match.group(1).strip())
+        for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+            for line in block.splitlines():
+                for part in line.split("&&"):
+                    part = part.strip()
+                    if part.startswith("python run_sim.py"):
+                        commands.append(part)
     seen, out = set(), []
     for c in commands:
         if c not in seen:

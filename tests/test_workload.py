@@ -337,5 +337,5 @@ def test_the_released_mooncake_trace_has_a_block_id_per_512_tokens():
     w = read_trace(str(MOONCAKE_TRACE))
     assert len(w) == 12_031 and w.blocks.ids.size == 288_500
     assert w.blocks.of(0).tolist() == list(range(14)) and w.prompt_tokens[0] == 6758
-    ids = w.blocks.ids.tolist()  # the README's figure: 36.6% of the blocks repeat an earlier request's
+    ids = w.blocks.ids.tolist()  # docs/fleets.md's figure: 36.6% of the blocks repeat an earlier request's
     assert round(1 - len(set(ids)) / len(ids), 3) == 0.366

@@ -547,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "importable (default auto)")
     sim.add_argument("--save-result", action="store_true",
                      help="also write DIR/vllm_result.json in vllm bench serve --save-result's schema (vLLM users' "
-                          "scripts read it; see README, Metric conventions)")
+                          "scripts read it; see docs/metrics.md)")
     sim.add_argument("--save-timeline", action="store_true",
                      help="also write DIR/timeline.json, Chrome/Perfetto trace events: the batch track (each step's "
                           "kind, k, batch size, tokens) and one span per request; implies --save-steps")
