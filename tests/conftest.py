@@ -14,12 +14,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 def write_cost_json(path: Path, target: float = 0.01, draft: float = 0.001, prefill: float = 0.0,
                     per_prompt_token: float = 0.0, per_batched_token: float = 0.0, per_context_token: float = 0.0,
-                    overhead: float = 0.0, memory: dict | None = None) -> str:
+                    overhead: float = 0.0, memory: dict | None = None, per_prompt_token_sq: float = 0.0) -> str:
     """A coefficient JSON (seconds): constant passes unless per-token terms are given."""
     data = {
         "target": {"base": target, "per_batched_token": per_batched_token, "per_context_token": per_context_token},
         "draft": {"base": draft, "per_batched_token": 0.0, "per_context_token": 0.0},
-        "prefill": {"base": prefill, "per_prompt_token": per_prompt_token},
+        "prefill": {"base": prefill, "per_prompt_token": per_prompt_token, "per_prompt_token_sq": per_prompt_token_sq},
         "overhead": {"base": overhead},
         "method": "hand-written",
     }

@@ -32,7 +32,10 @@ def step_pass_seconds(step: typing.Any, cost: CostModel, draft_prefill: bool) ->
     prefill step with ``draft_prefill``). A prefill step: its prefills (measured: target and draft) against
     ``cost.prefill_time``; a decode step: its verification pass (``target_seconds``) against
     ``cost.target_time(b, proposed + b, context)``. :func:`pass_scatter` and validate's parts table
-    (:func:`profiles.validation.validate.step_parts`) price steps with it."""
+    (:func:`profiles.validation.validate.step_parts`) price steps with it. The real engine (:mod:`profiles.serving`)
+    prefills whole prompts with nothing of them cached (prefill-first, no prefix cache, no preemption), so each of
+    its prefill passes is the fresh prompts :meth:`CostModel.prefill_time` prices, as the simulated engine prices
+    them too (:meth:`CostModel.prefill_chunks_time` with no context)."""
     b = int(step.batch_size)
     if step.kind == "prefill":
         draft = cost.prefill_time(b, int(step.prefill_tokens), role="draft") if draft_prefill else 0.0
@@ -67,7 +70,9 @@ def pass_scatter(steps: pd.DataFrame, cost: CostModel) -> float:
 class JitteredCost(CostModel):
     """``cost`` with every target, draft and prefill pass it prices multiplied by an independent lognormal draw of
     mean 1 and log-scale standard deviation ``sigma`` (``rng``); the per-step overhead and everything else as
-    ``cost``. The batch methods make the scalar calls (the base class's defaults), so each pass draws its own."""
+    ``cost``. The batch methods make the scalar calls (the base class's defaults), so each pass draws its own; a
+    prefill pass over chunks with context (:meth:`CostModel.prefill_chunks_time`) draws once, its chunks' extra
+    seconds (:meth:`CostModel.prefill_context_time`, no draw of their own) with it."""
 
     def __init__(self, cost: CostModel, sigma: float, rng: np.random.Generator) -> None:
         self._cost, self._sigma, self._rng = cost, float(sigma), rng
@@ -90,6 +95,12 @@ class JitteredCost(CostModel):
 
     def prefill_time(self, batch_size: int, prompt_tokens: int, role: str = "target") -> float:
         return self._cost.prefill_time(batch_size, prompt_tokens, role) * self._draw()
+
+    def prefill_chunks_time(self, chunks: typing.Sequence[tuple[int, int]], role: str = "target") -> float:
+        return self._cost.prefill_chunks_time(chunks, role) * self._draw()
+
+    def prefill_context_time(self, query_tokens: int, context_tokens: int, role: str = "target") -> float:
+        return self._cost.prefill_context_time(query_tokens, context_tokens, role)  # a part of a pass: no draw
 
     def overhead_time(self, batch_size: int) -> float:
         return self._cost.overhead_time(batch_size)

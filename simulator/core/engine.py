@@ -13,7 +13,9 @@ Semantics (vLLM terms):
 - ``prefill-first`` (vLLM v0): a step is either a prefill of newly admitted requests or a decode step of
   all running ones; admission wins whenever a waiting request fits.
   ``chunked-prefill`` (vLLM v1): every step decodes all running requests and spends the rest of the token
-  budget on prefill chunks, FCFS.
+  budget on prefill chunks, FCFS. A chunk is priced with its attention over its prompt's tokens already in the
+  KV cache (earlier chunks, cached prefix blocks; :meth:`CostModel.prefill_context_time`), so the chunks of one
+  prompt cost the whole prompt plus one pass's fixed seconds per further chunk.
 - The prefill pass emits the first output token. A decode step asks the policy for k_i per request,
   costs draft + verification + overhead (:func:`policies.step_time.predict_step_seconds`), draws accepted
   a_i in [0, k_i] from the acceptance model and appends min(a_i + 1, tokens still needed) tokens. Where the cost
@@ -41,7 +43,8 @@ profile's own):
   (:meth:`SimulatedEngine._multi_step`), its tokens streamed at the chunk's end as one chunk, admissions between
   chunks only;
 - automatic prefix caching (``enable_prefix_caching``, :mod:`simulator.core.prefix_cache`): an admitted request's
-  leading full prompt blocks already cached are held, not computed, and its prefill prices only the rest;
+  leading full prompt blocks already cached are held, not computed, and its prefill computes only the rest, priced
+  with its attention over the cached tokens;
 - CUDA-graph padding (``cuda_graph_sizes``) is the cost model's (:mod:`simulator.costs.cuda_graphs`).
 
 Two hooks for disaggregated prefill and decode (:mod:`simulator.fleet.disagg`; unset, nothing changes): a prefill
@@ -525,10 +528,13 @@ class SimulatedEngine(DecodeRuns):
 
     # -- shared pieces --------------------------------------------------------------------------
     def _prefill_seconds(self, chunks) -> float:
-        tokens = sum(c for _, c in chunks)
-        seconds = self.cost.prefill_time(len(chunks), tokens)
+        """The prefill passes of ``chunks`` (target, and the draft model's own when it speculates), each chunk priced
+        with its attention over what its sequence holds in the KV cache already (``Prefill.done``: its earlier chunks,
+        or its cached prefix blocks; :meth:`CostModel.prefill_chunks_time`)."""
+        shapes = [(chunk, entry.done) for entry, chunk in chunks]
+        seconds = self.cost.prefill_chunks_time(shapes)
         if self.spec.draft_proposer and self.spec.speculative:
-            seconds += self.cost.prefill_time(len(chunks), tokens, role="draft")
+            seconds += self.cost.prefill_chunks_time(shapes, role="draft")
         return seconds
 
     def _finish_prefills(self, chunks) -> None:

@@ -13,8 +13,9 @@ sum_i (k_i + 1) tokens) + overhead, with prefill from the same model (DESIGN.md)
     b*c term holds the cache reads),
     prefill ``seconds = base + per_seq*b + per_prompt_token*(b*P) + per_prompt_token_sq*(b*P^2)``
     (attention's quadratic term), for b sequences of q new tokens over c cached tokens each, or b
-    prompts of P tokens. Non-negative least squares on relative error (rows weighted by 1/seconds),
-    so that small batches count as much as large ones.
+    prompts of P tokens (a prefill chunk of q tokens over c already cached adds its attention over them,
+    ``2*per_prompt_token_sq*c*q``: :meth:`CostModel.prefill_context_time`). Non-negative least squares
+    on relative error (rows weighted by 1/seconds), so that small batches count as much as large ones.
   * ``interp``: piecewise-multilinear interpolation over the measured grid in the natural axes
     (batch_size, query_len, context_len per sequence; batch_size, prompt_len for prefill). Grid nodes
     that were not measured (an irregular grid: points that did not fit in memory) are filled once at
@@ -172,9 +173,54 @@ class CostModel:
         return lambda context_tokens: self.uniform_decode_times(batch_size, context_tokens, k_max, drafts)
 
     def prefill_time(self, batch_size: int, prompt_tokens: int, role: str = "target") -> float:
-        """Seconds of one prefill pass over ``batch_size`` prompts totalling ``prompt_tokens`` tokens
-        (role ``draft``: the draft model's prefill)."""
+        """Seconds of one prefill pass over ``batch_size`` fresh prompts (nothing of them in the KV cache) totalling
+        ``prompt_tokens`` tokens (role ``draft``: the draft model's prefill). A pass whose sequences have tokens in
+        the cache already: :meth:`prefill_chunks_time`."""
         raise NotImplementedError
+
+    def prefill_context_time(self, query_tokens: int, context_tokens: int, role: str = "target") -> float:
+        """Seconds by which a prefill chunk of ``query_tokens`` new tokens of one sequence whose KV cache already
+        holds ``context_tokens`` tokens (its earlier chunks under chunked prefill, or its cached prefix blocks)
+        costs more than a fresh prompt of ``query_tokens`` tokens: its new tokens' attention over the cached ones.
+        Units: tokens in, seconds out.
+
+        With T(P) = ``prefill_time(1, P, role)``, the model's own seconds for one fresh prompt of P tokens, the extra
+        of a chunk of q tokens after c is T(c + q) - T(c) - T(q) + T(0) seconds, clamped at 0. Why: write
+        T(P) = F + L(P) + A(P), with F = T(0) the fixed seconds of a pass (the weights read once, the launches),
+        L the seconds of the work per token (projections, MLP: L(x + y) = L(x) + L(y)) and A attention's, which
+        grows with the query-key pairs computed (a causal prompt of P tokens: P^2 / 2 of them, so A(P) = a P^2 with
+        a in seconds per token squared, 2a seconds a pair). The chunk pays F + L(q) and the pairs of its q tokens
+        with all c + q before them, A(c + q) - A(c); a fresh prompt of q tokens pays F + L(q) + A(q). The
+        difference, A(c + q) - A(c) - A(q), is what the formula gives (F and L cancel), and for a quadratic T it is
+        2 a c q seconds: the c q cross pairs at 2a seconds each (a = ``per_prompt_token_sq`` of the linear fit,
+        :class:`LinearCostModel`). The chunks q_1..q_n of one prompt of P tokens (c_i = q_1 + ... + q_(i-1)) then
+        cost, for any T, sum_i [T(c_i + q_i) - T(c_i) + T(0)] = T(P) + (n - 1) T(0): the whole prompt plus one
+        pass's fixed seconds per further chunk, each chunk being a pass of its own (a telescoping sum; exact until
+        the clamp acts). The clamp is for an ``interp`` table, piecewise linear in P with its measured noise, whose
+        second difference can dip below 0. T(0) is the model's extrapolation below its grid (no profile measures a
+        0-token prompt): the linear fit's intercept (base + per_seq), the interp table's value at its shortest
+        prompt scaled by the fit's ratio (:class:`_Table`). The curve is the model's own rather than attention's
+        FLOPs from an architecture: every cost model has it, and it carries the measured kernels' speed. This
+        default evaluates the formula through :meth:`prefill_time`, so a model of one's own that writes only the
+        scalar methods gets it; 0 s without context."""
+        if not context_tokens:
+            return 0.0
+        curve = self.prefill_time
+        extra = (curve(1, context_tokens + query_tokens, role) - curve(1, context_tokens, role)
+                 - curve(1, query_tokens, role) + curve(1, 0, role))
+        return extra if extra > 0.0 else 0.0
+
+    def prefill_chunks_time(self, chunks: Sequence[tuple[int, int]], role: str = "target") -> float:
+        """Seconds of one prefill pass over ``chunks``, one (new tokens, tokens already in its KV cache) per
+        sequence (the engine's prefill passes; role ``draft``: the draft model's own): the fresh-prompt price of the
+        batch, :meth:`prefill_time` (number of chunks, new tokens in all), plus each chunk's
+        :meth:`prefill_context_time` (each sequence attends to its own context only). A chunk with nothing cached
+        adds nothing (no call): with none, exactly :meth:`prefill_time`."""
+        seconds = self.prefill_time(len(chunks), sum(q for q, _ in chunks), role)
+        for query_tokens, context_tokens in chunks:
+            if context_tokens:
+                seconds += self.prefill_context_time(query_tokens, context_tokens, role)
+        return seconds
 
     def overhead_time(self, batch_size: int) -> float:
         """Per-step scheduler and sampling seconds of a decode step of ``batch_size`` sequences."""
@@ -321,6 +367,18 @@ class LinearCostModel(CostModel):
             self._warn_far(block, batch_size, prompt_tokens / batch_size)
         return self._prefill(block, batch_size, prompt_tokens)
 
+    def prefill_context_time(self, query_tokens: int, context_tokens: int, role: str = "target") -> float:
+        # the base class's T(c + q) - T(c) - T(q) + T(0) worked out for the quadratic prefill (b = 1): the base,
+        # per_seq and per_prompt_token terms cancel, per_prompt_token_sq ((c + q)^2 - c^2 - q^2) = 2 per_prompt_token_sq
+        # c q is left; written so, it is exact and never below 0 (the coefficients are >= 0)
+        block = BLOCKS[(role, "prefill")]
+        if not context_tokens or block not in self._coef:
+            return 0.0
+        whole = context_tokens + query_tokens  # the whole-prompt curve is read at c + q
+        if whole > self._far[block][1]:
+            self._warn_far(block, 1, whole)
+        return 2.0 * self._coef[block][2] * context_tokens * query_tokens
+
     def overhead_time(self, batch_size: int) -> float:
         base, per_seq = self._overhead
         return base + per_seq * batch_size
@@ -411,6 +469,7 @@ class InterpCostModel(LinearCostModel):
 
     uniform_decode_times = CostModel.uniform_decode_times  # the scalar calls: its _decode interpolates
     uniform_decode_pricer = CostModel.uniform_decode_pricer
+    prefill_context_time = CostModel.prefill_context_time  # the table's own whole-prompt curve, not the fit's
 
     def _decode(self, block: str, batch_size: int, query_tokens: float, context_tokens: float) -> float:
         return self._tables[block]((batch_size, query_tokens / batch_size, context_tokens / batch_size))

@@ -11,6 +11,7 @@ the one of :mod:`policies.step_time`; only the passes it asks for are priced pad
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from typing import Any
 
 from simulator.costs.cost_model import CostModel
@@ -46,6 +47,12 @@ class CudaGraphPadding(CostModel):
 
     def prefill_time(self, batch_size: int, prompt_tokens: int, role: str = "target") -> float:
         return self.inner.prefill_time(batch_size, prompt_tokens, role)
+
+    def prefill_context_time(self, query_tokens: int, context_tokens: int, role: str = "target") -> float:
+        return self.inner.prefill_context_time(query_tokens, context_tokens, role)
+
+    def prefill_chunks_time(self, chunks: Sequence[tuple[int, int]], role: str = "target") -> float:
+        return self.inner.prefill_chunks_time(chunks, role)
 
     def overhead_time(self, batch_size: int) -> float:
         return self.inner.overhead_time(batch_size)
