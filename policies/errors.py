@@ -1,4 +1,5 @@
-"""User-facing errors: the one error type of every layer, here in the bottom layer (policies) so that all may import it.
+"""User-facing errors: the one error type of every layer, here in the bottom layer (policies) so that all may import it,
+and the command lines' parser that reports a bad flag as one.
 
 A :class:`UserError` is a problem with something the user gave us (a file, a flag, a config value).
 The command line prints its message as one line and exits with status 2; it never shows a traceback.
@@ -6,7 +7,9 @@ Messages name the input (file, field) and the offending value.
 """
 from __future__ import annotations
 
+import argparse
 import sys
+import typing
 from collections.abc import Callable
 
 EXIT_USER_ERROR = 2
@@ -21,6 +24,19 @@ def require(condition: bool, message: str) -> None:
     """Raise :class:`UserError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise UserError(message)
+
+
+class FlagParser(argparse.ArgumentParser):
+    """The command lines' argparse: a bad flag is one :class:`UserError` line (exit status 2 at the command line)
+    instead of usage and an error, and a flag is never taken by an abbreviation (``--num-request`` is an unknown
+    flag, not ``--num-requests``). Its subparsers are FlagParsers too (argparse makes them of the parser's class)."""
+
+    def __init__(self, *args: typing.Any, **kwargs: typing.Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> typing.NoReturn:  # noqa: D401 - argparse hook
+        raise UserError(f"{self.prog}: {message}")
 
 
 def exit_on_user_error(main: Callable[[list[str]], int], argv: list[str]) -> None:

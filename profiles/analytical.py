@@ -545,7 +545,8 @@ def fit_efficiency(measured: list[tuple[str, str, pd.DataFrame]], gpu_key: str =
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m profiles.analytical", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m profiles.analytical", description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     parser.add_argument("--out", default=str(DATA_DIR),
                         help="folder for the shipped profiles (default profiles/data), or with --gpu the CSV to write")
     parser.add_argument("--gpu", help=f"make one profile for this GPU ({', '.join(GPUS)}) instead of the shipped set")

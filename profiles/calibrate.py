@@ -51,7 +51,7 @@ from policies.errors import UserError
 from policies.step_time import predict_step_seconds
 from profiles.analytical import GPUS, Deployment, Efficiency, analytical_profile
 from profiles.grid import Grid, powers_of_two
-from simulator.config import SimConfig
+from simulator.config import SimConfig, rate_to_json
 from simulator.costs.cost_model import CostModel, fit_cost_model
 from simulator.costs.profile_table import ProfileTable, write_profile
 from simulator.inputs.workload import Workload
@@ -158,7 +158,7 @@ def simulated_figures(result: Result, base: SimConfig, cost: CostModel) -> dict[
 
     concurrency = result.data["max_concurrency"]  # an int or None (read_vllm_result)
     config = base.replace(arrival="trace", trace=result.path, rate=None, trace_speedup=None, cv=1.0,
-                          max_concurrency=base.max_concurrency if concurrency is None else concurrency)
+                          max_concurrency=base.workload.max_concurrency if concurrency is None else concurrency)
     run = run_simulation(config, workload=result.workload, cost=cost)
     requests, empty = run.requests, result.empty
     figures = vllm_io.vllm_style_figures(requests, empty)
@@ -251,7 +251,7 @@ def held_out(fitter: Fitter, names: Sequence[str], start: Calibration, max_evals
 def calibrate(paths: Sequence[str], dep: Deployment, base: SimConfig, out: Path, names: Sequence[str],
               start: Calibration, max_evals: int, log: Any = print) -> dict[str, Any]:
     """Fit, measure the held-out error, write the profile; returns its metadata's ``calibration`` block."""
-    results = read_results(paths, base.seed)
+    results = read_results(paths, base.run.seed)
     fitter = Fitter(dep, base, results)
     log(f"calibrating {', '.join(names) or 'nothing'} on {len(results)} file(s) of {dep.target} on "
         f"{dep.tp} x {dep.gpu_key}")
@@ -263,10 +263,10 @@ def calibrate(paths: Sequence[str], dep: Deployment, base: SimConfig, out: Path,
     block = {
         "note": "calibrated to vLLM results",
         "files": [{"path": r.path, "source": r.data.get("source"), "num_prompts": len(r.data["input_lens"]),
-                   "request_rate": "inf" if math.isinf(r.data["request_rate"]) else r.data["request_rate"],
+                   "request_rate": rate_to_json(r.data["request_rate"]),
                    "max_concurrency": r.data.get("max_concurrency")}  # "inf" as vLLM writes it: JSON has no inf
                   for r in results],
-        "settings": {k: v for k, v in base.to_dict().items() if k in SETTINGS},
+        "settings": {k: v for k, v in base.to_dict(flat=True).items() if k in SETTINGS},
         "fitted": list(names),
         "parameters": parameters(cal),
         "parameter_units": {"compute": "fraction of peak FLOP/s", "bandwidth": "fraction of peak HBM bytes/s",
@@ -454,7 +454,8 @@ def read_start(path: str, flag: str = "--start") -> Calibration:
 def main(argv: list[str]) -> int:
     from simulator.studies.specs import parse_field_value
 
-    parser = argparse.ArgumentParser(prog="run_sim.py calibrate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="run_sim.py calibrate", description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     parser.add_argument("results", nargs="*", help="vllm bench serve --save-result JSON files of one deployment")
     parser.add_argument("--transfer-from", metavar="PROFILE", help="fit nothing: write the deployment's profile with "
                                                                    "this calibrated profile's parameters (another GPU "
@@ -513,7 +514,7 @@ def main(argv: list[str]) -> int:
     if not args.results:
         raise UserError("calibrate: give one or more vllm bench serve --save-result JSON files (or --transfer-from)")
     given = {name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}
-    base = SimConfig(arrival="trace", trace="-", rate=None, **{
+    base = SimConfig.of(arrival="trace", trace="-", rate=None, **{
         name: value if isinstance(value, bool) else parse_field_value(name, value) for name, value in given.items()})
     start = read_start(args.start) if args.start else Calibration()
     block = calibrate(args.results, dep, base, out, names, start, args.max_evals)

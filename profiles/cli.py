@@ -28,23 +28,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import typing
 
 import pandas as pd
 
 from profiles.grid import GPU_GRID, Grid
 from profiles.profiler import ProfileSettings, TimingPolicy, run_profile
-from policies.errors import UserError, exit_on_user_error
+from policies.errors import FlagParser, UserError, exit_on_user_error
 
 FITTERS = ("linear", "interp")
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse reporting a bad flag as a UserError. (Not simulator.studies.cli's twin: the GPU machines that run
-    the profiler lack SimPy, and this module must not depend on what simulator.studies.cli imports.)"""
-
-    def error(self, message: str) -> typing.NoReturn:
-        raise UserError(f"{self.prog}: {message}")
 
 
 def _ints(flag: str, text: str, allow_empty: bool = False) -> tuple[int, ...]:
@@ -61,8 +52,8 @@ def _csv(values: tuple[int, ...]) -> str:
     return ",".join(map(str, values))
 
 
-def build_parser() -> _Parser:
-    p = _Parser(prog="run_sim.py profile", description=__doc__.splitlines()[0])
+def build_parser() -> FlagParser:
+    p = FlagParser(prog="run_sim.py profile", description=__doc__.splitlines()[0])
     p.add_argument("--report", metavar="PROFILE", help="print the cost model's held-out fit of this profile")
     p.add_argument("--plot", metavar="PNG", help="with --report: plot measured vs fitted seconds")
     p.add_argument("--target", help="target model: a shipped name (profiles/models) or a config.json path")

@@ -59,7 +59,8 @@ def pass_seconds(batch_size: int, repeats: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m profiles.drafter_costs", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m profiles.drafter_costs", description=__doc__.splitlines()[0],
+                                allow_abbrev=False)
     p.add_argument("--batch-sizes", default="1,4,8", help="sequences per pass, comma-separated")
     p.add_argument("--repeats", type=int, default=15, help="timed rounds per batch size (medians)")
     p.add_argument("--threads", type=int, default=1, help="torch threads")

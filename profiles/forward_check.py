@@ -81,7 +81,8 @@ def speed(device: torch.device, dtype: str, spec: str, context: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m profiles.forward_check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m profiles.forward_check", description=__doc__.split("\n\n")[0],
+                                     allow_abbrev=False)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where to check (default cpu)")
     parser.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: bf16 on cuda, fp32 on cpu)")
     parser.add_argument("--model", help="also time a batch-1 decode pass of this model (shipped name or config)")

@@ -157,7 +157,8 @@ def save_trained(out: Path, weights_file: str, state: dict[str, torch.Tensor], m
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m profiles.train_draft", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m profiles.train_draft", description=__doc__.splitlines()[0],
+                                allow_abbrev=False)
     p.add_argument("--out", default=str(DRAFT_DIR), help="draft folder to write (config.json, draft.safetensors)")
     p.add_argument("--layers", type=int, default=2, help="draft layers")
     p.add_argument("--intermediate", type=int, default=768, help="MLP width of the draft's layers")

@@ -105,7 +105,8 @@ def evaluate(target: Any, head: EagleHead, draft: Any | None, prompts: list[list
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m profiles.train_head", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m profiles.train_head", description=__doc__.splitlines()[0],
+                                allow_abbrev=False)
     p.add_argument("--out", default=str(HEAD_DIR), help="head folder to write (config.json, head.safetensors)")
     p.add_argument("--samples", type=int, default=1,
                    help="sampled answers per training prompt (besides the greedy one)")

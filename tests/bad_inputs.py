@@ -99,6 +99,18 @@ def policy_case(body: str, *extra: str, name: str = "mine") -> Callable[[Path], 
     return build
 
 
+def nested_config_case(extra: dict) -> Callable[[Path], list[str]]:
+    """A ``config.json`` by concern, as runs write it, with ``extra`` concerns' fields merged in."""
+    def build(d: Path) -> list[str]:
+        data = {"workload": {"rate": 4.0, "num_requests": 20}, "engine": {"num_gpu_blocks": 2000},
+                "cost": {"profile": profile(d)}}
+        for concern, fields in extra.items():
+            data[concern] = {**data.get(concern, {}), **fields}
+        return ["simulate", "--config", write(d, "config.json", json.dumps(data)), "--format", "csv", "--out",
+                str(d / "out")]
+    return build
+
+
 def sweep(d: Path, *flags: str) -> list[str]:
     return ["sweep", "--profile", profile(d), "--num-requests", "10", "--num-gpu-blocks", "2000", "--workers", "1",
             "--quiet", *flags, "--out", str(d / "sweep")]
@@ -175,7 +187,18 @@ CASES: list[Case] = [
     Case("flags", "--cv 1e-300 (Gamma shape 1/cv^2 overflows)",
          lambda d: simulate(d, *SMALL, "--arrival", "gamma", "--cv", "1e-300"), needle="cv=1e-300"),
     Case("flags", "--cv 3 under poisson arrivals", lambda d: simulate(d, *SMALL, "--cv", "3"), needle="cv"),
-    Case("flags", "--rate inf", lambda d: simulate(d, "--rate", "inf", "--num-requests", "20"), needle="rate"),
+    Case("flags", "--rate inf (accepted: vLLM's closed loop, every request at 0 s)",
+         lambda d: simulate(d, "--rate", "inf", "--num-requests", "20"), expect="ok"),
+    Case("flags", "--rate inf without --num-requests", lambda d: simulate(d, "--rate", "inf", "--duration", "5"),
+         needle="--rate inf sends every request at t = 0: it needs --num-requests"),
+    Case("flags", "--rate inf with a trace", trace_case(PLAIN + "0,10,5\n1,10,5\n", "--rate", "inf"),
+         needle="--rate inf with a trace"),
+    Case("flags", "--rate -1", lambda d: simulate(d, "--rate", "-1", "--num-requests", "20"),
+         needle="--rate must be > 0"),
+    Case("flags", "--num-request (an abbreviation)", lambda d: simulate(d, "--rate", "4", "--num-request", "5"),
+         needle="unrecognized arguments: --num-request 5"),
+    Case("flags", "--token-acceptance-prob 1.5", lambda d: simulate(d, *SMALL, "--token-acceptance-prob", "1.5"),
+         needle="--token-acceptance-prob (acceptance_rate) must be in [0, 1], got 1.5"),
     Case("flags", "--rate nan", lambda d: simulate(d, "--rate", "nan", "--num-requests", "20"), needle="rate"),
     Case("flags", "--rate 1e-300", lambda d: simulate(d, "--rate", "1e-300", "--num-requests", "20"),
          needle="rate"),
@@ -229,6 +252,13 @@ CASES: list[Case] = [
     Case("--config JSON", '"acceptance_positions": ["a"]',
          config_case({"acceptance": "position", "acceptance_positions": ["a"]}), needle="acceptance_positions"),
     Case("--config JSON", "top-level list", config_case("[1, 2]"), needle="JSON object"),
+    Case("--config JSON", "by concern, as runs write it (accepted)", nested_config_case({}), expect="ok"),
+    Case("--config JSON", "an unknown field in a concern", nested_config_case({"workload": {"bogus": 1}}),
+         needle="config.json: unknown config field 'bogus' in workload"),
+    Case("--config JSON", "a field in the wrong concern", nested_config_case({"workload": {"k": 3}}),
+         needle="unknown config field 'k' in workload (it belongs to speculative)"),
+    Case("--config JSON", "an unknown flat field", config_case({"bogus": 1}),
+         needle="config.json: unknown config field 'bogus'"),
     Case("--config JSON", "truncated", config_case('{"rate": 4, "num_'), needle="config"),
     # -- profiles ------------------------------------------------------------------------------------------
     Case("profile", "zero KV bytes per token",

@@ -13,7 +13,7 @@ from scipy import stats
 
 from simulator.inputs.acceptance import (AcceptanceModel, BetaAcceptance, ConstantAcceptance, PositionAcceptance,
                                   ReplayAcceptance, fit_acceptance, make_acceptance, read_acceptance_trace)
-from simulator.config import SimConfig
+from simulator.config import SimConfig, SpeculativeConfig
 from policies.errors import UserError
 
 K_MAX = 8
@@ -48,7 +48,7 @@ def recorded_trace(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def config(**acceptance: object) -> SimConfig:
     """A valid configuration with these acceptance fields (the workload fields do not matter here)."""
-    return SimConfig(rate=1.0, num_requests=10, k=K_MAX, **acceptance)
+    return SimConfig.of(rate=1.0, num_requests=10, k=K_MAX, **acceptance)
 
 
 def model_configs(trace: str) -> list[SimConfig]:
@@ -63,14 +63,14 @@ def model_configs(trace: str) -> list[SimConfig]:
 def test_accepted_lies_in_zero_to_proposed_and_zero_proposed_gives_zero(recorded_trace: str,
                                                                         proposed: list[int], seed: int) -> None:
     for settings in model_configs(recorded_trace):
-        model = make_acceptance(settings, np.random.default_rng(seed))
+        model = make_acceptance(settings.speculative, np.random.default_rng(seed))
         ids = np.arange(len(proposed))
         for r in ids:
             model.start(int(r))
         for _ in range(5):
             accepted = model.draw(ids, np.array(proposed, dtype=np.int64))
             assert accepted.dtype == np.int64 and accepted.shape == (len(proposed),)
-            assert np.all((0 <= accepted) & (accepted <= proposed)), settings.acceptance
+            assert np.all((0 <= accepted) & (accepted <= proposed)), settings.speculative.acceptance
             assert np.all(accepted[np.array(proposed) == 0] == 0)
 
 
@@ -248,7 +248,7 @@ def test_bad_trace_files_name_file_line_column_and_value(tmp_path: Path, content
     if content is not None:
         path.write_text(content)
     with pytest.raises(UserError) as error:
-        make_acceptance(config(acceptance="replay", acceptance_trace=str(path)), np.random.default_rng(0))
+        make_acceptance(config(acceptance="replay", acceptance_trace=str(path)).speculative, np.random.default_rng(0))
     message = str(error.value)
     assert message.startswith(f"{path}: ") and "\n" not in message
     for part in expected:
@@ -257,7 +257,7 @@ def test_bad_trace_files_name_file_line_column_and_value(tmp_path: Path, content
 
 def test_same_seed_same_calls_same_draws(recorded_trace: str) -> None:
     def session(settings: SimConfig, seed: int) -> list[list[int]]:
-        model = make_acceptance(settings, np.random.default_rng(seed))
+        model = make_acceptance(settings.speculative, np.random.default_rng(seed))
         out = []
         for r in range(6):
             model.start(r)
@@ -270,7 +270,7 @@ def test_same_seed_same_calls_same_draws(recorded_trace: str) -> None:
 
     for settings in model_configs(recorded_trace):
         assert session(settings, 11) == session(settings, 11)
-        assert session(settings, 11) != session(settings, 12), settings.acceptance
+        assert session(settings, 11) != session(settings, 12), settings.speculative.acceptance
 
 
 # -- acceptance by rank (token trees, issue 23) ----------------------------------------------------------------------
@@ -280,9 +280,9 @@ def test_the_rank_model_spreads_a_top1_miss_over_the_other_ranks() -> None:
     q = rank_table((0.75, 0.5), (0.5, 0.25))
     assert q == ((0.75, 0.125, 0.0625), (0.5, 0.25, 0.125))
     assert rank_prob(q, 7, 1) == 0.25 and rank_prob(q, 1, 5) == 0.0  # the last depth repeats; missing ranks are 0
-    position = make_acceptance(SimConfig(rate=1.0, num_requests=10, acceptance="position",
-                                         acceptance_positions=(0.9, 0.6), acceptance_ranks=(0.5,),
-                                         speculative_token_tree="[(0,), (1,)]", k=2), np.random.default_rng(0))
+    position = make_acceptance(SpeculativeConfig(acceptance="position", acceptance_positions=(0.9, 0.6),
+                                                 acceptance_ranks=(0.5,), speculative_token_tree="[(0,), (1,)]", k=2),
+                               np.random.default_rng(0))
     assert np.allclose(position.rank_table(), ((0.9, 0.05), (0.6, 0.2)), rtol=0, atol=1e-15)
 
 
@@ -297,7 +297,8 @@ def test_a_measured_rank_table_is_read_by_depth_and_rank(tmp_path: Path) -> None
 def test_the_by_rank_model_draws_a_chain_as_position_acceptance(tmp_path: Path) -> None:
     path = tmp_path / "ranks.csv"
     path.write_text("depth,rank,probability\n1,0,0.9\n1,1,0.05\n2,0,0.6\n3,0,0.3\n")
-    by_rank = make_acceptance(config(acceptance="by-rank", acceptance_by_rank=str(path)), np.random.default_rng(4))
+    by_rank = make_acceptance(config(acceptance="by-rank", acceptance_by_rank=str(path)).speculative,
+                              np.random.default_rng(4))
     position = PositionAcceptance((0.9, 0.6, 0.3), K_MAX, np.random.default_rng(4))
     assert by_rank.rank_table() == ((0.9, 0.05), (0.6,), (0.3,))
     for k in range(K_MAX + 1):
@@ -316,7 +317,8 @@ def test_bad_rank_tables_name_file_line_and_value(tmp_path: Path, content: str, 
     path = tmp_path / "ranks.csv"
     path.write_text(content)
     with pytest.raises(UserError) as error:
-        make_acceptance(config(acceptance="by-rank", acceptance_by_rank=str(path)), np.random.default_rng(0))
+        make_acceptance(config(acceptance="by-rank", acceptance_by_rank=str(path)).speculative,
+                        np.random.default_rng(0))
     message = str(error.value)
     assert message.startswith(f"{path}: ") and "\n" not in message
     for part in expected:

@@ -7,13 +7,14 @@ from simulator.studies.bench import BENCH_PROFILE, _case_config
 
 def test_a_case_carries_its_variants_and_parameters():
     config = SimConfig.from_dict(_case_config(100, "threshold+max_batch=32+chunked"))
-    assert (config.policy, dict(config.policy_params), config.scheduler) == ("threshold", {"max_batch": 32},
-                                                                             "chunked-prefill")
-    assert dict(SimConfig.from_dict(_case_config(100, "threshold")).policy_params) == {"max_batch": 8}
-    assert dict(SimConfig.from_dict(_case_config(100, "threshold+table=1-4:2")).policy_params) == {
+    assert (config.speculative.policy, dict(config.speculative.policy_params), config.engine.scheduler) == (
+        "threshold", {"max_batch": 32}, "chunked-prefill")
+    assert dict(SimConfig.from_dict(_case_config(100, "threshold")).speculative.policy_params) == {"max_batch": 8}
+    assert dict(SimConfig.from_dict(_case_config(100, "threshold+table=1-4:2")).speculative.policy_params) == {
         "max_batch": 8, "table": "1-4:2"}
     plain = SimConfig.from_dict(_case_config(100, "fixed-k+ngram"))
-    assert (plain.proposer, plain.policy_params, plain.profile) == ("ngram", (), str(BENCH_PROFILE))
+    assert (plain.speculative.proposer, plain.speculative.policy_params, plain.cost.profile) == (
+        "ngram", (), str(BENCH_PROFILE))
 
 
 def test_a_case_on_another_profile(tmp_path):
@@ -24,8 +25,9 @@ def test_a_fleet_case_is_the_case_at_n_times_the_rate_behind_least_outstanding()
     from simulator.studies.bench import _fleet_case
 
     config = SimConfig.from_dict(_fleet_case(1000, "goodput", 64, 3.0))
-    assert (config.replicas, config.router, config.rate, config.num_requests) == (64, "least-outstanding", 192.0, 1000)
-    assert SimConfig.from_dict(_fleet_case(100, "no-spec", 1, 3.0)).replicas == 1
+    assert (config.fleet.replicas, config.fleet.router, config.workload.rate, config.workload.num_requests) == (
+        64, "least-outstanding", 192.0, 1000)
+    assert SimConfig.from_dict(_fleet_case(100, "no-spec", 1, 3.0)).fleet.replicas == 1
 
 
 def test_the_fleet_table_gives_one_replica_then_the_fleet_for_each_policy():

@@ -34,7 +34,7 @@ def burst_result(tmp_path: Path, n: int, seed: int, cal: C.Calibration = TRUTH) 
     rng = np.random.default_rng(seed)
     workload = Workload(arrival_time=np.zeros(n), prompt_tokens=rng.integers(8, 600, n),
                         output_tokens=rng.integers(2, 300, n), source="test burst")
-    config = SimConfig(arrival="trace", trace="-", rate=None, **SETTINGS)
+    config = SimConfig.of(arrival="trace", trace="-", rate=None, **SETTINGS)
     run = run_simulation(config, workload=workload, cost=C.Fitter(DEP, config, []).cost(cal))
     data = vllm_io.vllm_result(run.summary, run.requests, config)
     path = tmp_path / f"burst{n}.json"
@@ -44,7 +44,7 @@ def burst_result(tmp_path: Path, n: int, seed: int, cal: C.Calibration = TRUTH) 
 
 def test_the_fit_gives_back_the_parameters_that_made_the_results(tmp_path):
     files = [str(burst_result(tmp_path, n, seed)) for n, seed in ((12, 0), (90, 1))]
-    config = SimConfig(arrival="trace", trace="-", rate=None, **SETTINGS)
+    config = SimConfig.of(arrival="trace", trace="-", rate=None, **SETTINGS)
     fitter = C.Fitter(DEP, config, C.read_results(files))
     start = C.Calibration(**{**TRUTH.__dict__, "pass_overhead_s": 3e-3, "frontend_s": 1e-3})
     fitted = fitter.fit(start, ("pass_overhead_s", "frontend_s"), fitter.results, max_evals=60)
@@ -121,7 +121,7 @@ def test_a_shipped_calibration_reproduces_its_recorded_figures():
     path = DATA / "h100-80gb-vllm__llama-3.1-8b__llama-3.2-1b.csv"
     block = json.loads(path.with_name(path.stem + ".meta.json").read_text())["calibration"]
     name = "1xH100-80GB-SXM__Meta-Llama-3-8B-Instruct__N10.json"
-    config = SimConfig(arrival="trace", trace="-", rate=None, **{
+    config = SimConfig.of(arrival="trace", trace="-", rate=None, **{
         k: tuple(v) if isinstance(v, list) else v for k, v in block["settings"].items() if v is not None})
     from simulator.costs.cost_model import load_cost_model
 

@@ -36,7 +36,9 @@ def test_simulate_writes_requests_summary_config_and_steps(capsys, cost_json, tm
                 "requests", "simulated_seconds", "wall_seconds"):
         assert key in summary
     config = json.loads((out / "config.json").read_text())
-    assert (config["policy"], config["k"], config["rate"], config["num_gpu_blocks"]) == ("fixed-k", 4, 6.0, 5000)
+    assert list(config) == ["workload", "engine", "fleet", "speculative", "cost", "run"]  # one object per concern
+    assert (config["speculative"]["policy"], config["speculative"]["k"], config["workload"]["rate"],
+            config["engine"]["num_gpu_blocks"]) == ("fixed-k", 4, 6.0, 5000)
     assert "mean acceptance length" in stdout
 
 
@@ -118,7 +120,7 @@ def test_a_user_error_from_the_real_process_has_no_traceback(tmp_path):
                            "--num-requests", "5", "--out", str(tmp_path / "o")],
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2
-    assert done.stderr.strip() == "error: config: rate must be > 0, got -3.0"
+    assert done.stderr.strip() == "error: config: --rate must be > 0, got -3.0"
 
 
 def test_policy_file_registers_a_user_policy(capsys, cost_json, tmp_path, every_other_policy):

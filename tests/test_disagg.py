@@ -35,7 +35,7 @@ def workload(arrivals, prompts=None, outputs=None) -> Workload:
 
 
 def disagg(p=1, d=1, **fields) -> SimConfig:
-    return SimConfig(**{"rate": 1.0, "num_requests": 1, **fields}, prefill_replicas=p, decode_replicas=d)
+    return SimConfig.of(**{"rate": 1.0, "num_requests": 1, **fields}, prefill_replicas=p, decode_replicas=d)
 
 
 # -- one request by hand -----------------------------------------------------------------------------------------------
@@ -45,7 +45,7 @@ def test_one_request_prefills_on_p_moves_its_kv_and_decodes_on_d_at_the_times_th
     instance 1 then runs 7 decode steps at contexts 64..70, one token each."""
     config = disagg(save_steps=True)
     result = run_disagg(config, workload=workload([0.0]))
-    cost = load_cost_model(config.profile)
+    cost = load_cost_model(config.cost.profile)
     ttft = cost.prefill_time(1, 64) + cost.prefill_overhead_time(1)
     nbytes = 64 * cost.memory.target_kv_bytes_per_token
     transfer = 10e-6 + nbytes / 450e9
@@ -80,7 +80,7 @@ def test_with_a_draft_model_the_prefill_instance_prefills_the_draft_and_sends_it
     transfer carries both caches; the decode instance emits 4 tokens, then the last 3."""
     config = disagg(policy="fixed-k", k=3, acceptance_rate=1.0, kv_link="infiniband")
     result = run_disagg(config, workload=workload([0.0]))
-    cost = load_cost_model(config.profile)
+    cost = load_cost_model(config.cost.profile)
     ttft = cost.prefill_time(1, 64) + cost.prefill_time(1, 64, role="draft") + cost.prefill_overhead_time(1)
     nbytes = 64 * (524288 + 6144)  # the example profile's target and draft KV bytes per token
     t = ttft + (20e-6 + nbytes / 50e9)
@@ -124,7 +124,7 @@ def test_a_transfer_takes_latency_plus_bytes_over_bandwidth_times_the_instances_
     assert kv_link(disagg(kv_link="ethernet", kv_link_bandwidth=3.0, kv_link_latency=0.001)) == KVLink(
         "ethernet", 3e9, 0.001, KV_LINKS["ethernet"].source)
     assert gpus_per_instance(TP4_70B) == 4 and gpus_per_instance(VLLM_8B) == 1
-    assert gpus_per_instance(SimConfig(rate=1.0, num_requests=1).profile) == 1  # a coefficient JSON: one GPU
+    assert gpus_per_instance(SimConfig.of(rate=1.0, num_requests=1).cost.profile) == 1  # a coefficient JSON: one GPU
 
 
 def test_kv_bytes_per_token_add_the_drafts_only_when_a_draft_model_speculates():
@@ -225,7 +225,7 @@ def test_over_a_free_link_requests_served_alone_finish_as_on_one_co_located_engi
     """With no transfer cost and requests that never overlap, each request sees what one engine does: its prefill,
     then its decode steps at the same contexts. So first-token and finish times equal the co-located engine's bit for
     bit (step by step there, as the decode instance runs; the acceptance draws are the same per request)."""
-    config = SimConfig(rate=1.0, num_requests=1, policy=policy, k=k, scheduler=scheduler, acceptance_rate=0.7)
+    config = SimConfig.of(rate=1.0, num_requests=1, policy=policy, k=k, scheduler=scheduler, acceptance_rate=0.7)
     wl = workload([0.0, 5.0, 10.0], prompts=[64, 300, 20], outputs=[8, 30, 50])
     one = run_simulation(config, workload=wl, step_by_step=True)
     split = run_disagg(config.replace(prefill_replicas=1, decode_replicas=1), workload=wl, link=FREE)
@@ -236,18 +236,22 @@ def test_over_a_free_link_requests_served_alone_finish_as_on_one_co_located_engi
 
 # -- refusals ------------------------------------------------------------------------------------------------------------
 BAD_FLAGS = [
-    (["--prefill-replicas", "2"], "needs both prefill_replicas and decode_replicas"),
-    (["--decode-replicas", "2"], "needs both prefill_replicas and decode_replicas"),
-    (["--prefill-replicas", "-1", "--decode-replicas", "1"], "prefill_replicas must be >= 0"),
+    (["--prefill-replicas", "2"], "needs both --prefill-replicas (prefill_replicas) and --decode-replicas"),
+    (["--decode-replicas", "2"], "needs both --prefill-replicas (prefill_replicas) and --decode-replicas"),
+    (["--prefill-replicas", "-1", "--decode-replicas", "1"], "--prefill-replicas (prefill_replicas) must be >= 0"),
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--replicas", "2"], "give one layout"),
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--router", "session"], "prefill_router and decode_router"),
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--decode-router", "prefix-aware"], "no prefix cache"),
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--prefill-router", "prefix-aware"],
-     "needs enable_prefix_caching"),
-    (["--prefill-replicas", "1", "--decode-replicas", "1", "--prefill-router", "random"], "prefill_router must be one"),
-    (["--prefill-replicas", "1", "--decode-replicas", "1", "--kv-link", "pigeon"], "kv_link must be one of"),
-    (["--prefill-replicas", "1", "--decode-replicas", "1", "--kv-link-bandwidth", "0"], "kv_link_bandwidth must be > 0"),
-    (["--prefill-replicas", "1", "--decode-replicas", "1", "--kv-link-latency", "-1"], "kv_link_latency must be >= 0"),
+     "needs --enable-prefix-caching"),
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--prefill-router", "random"],
+     "--prefill-router (prefill_router) must be one"),
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--kv-link", "pigeon"],
+     "--kv-link (kv_link) must be one of"),
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--kv-link-bandwidth", "0"],
+     "--kv-link-bandwidth (kv_link_bandwidth) must be > 0"),
+    (["--prefill-replicas", "1", "--decode-replicas", "1", "--kv-link-latency", "-1"],
+     "--kv-link-latency (kv_link_latency) must be >= 0"),
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--max-concurrency", "4"], "max_concurrency"),
     (["--prefill-replicas", "1", "--decode-replicas", "1", "--num-scheduler-steps", "4"], "num_scheduler_steps"),
     (["--kv-link", "infiniband"], "used only by disaggregated serving"),
@@ -327,9 +331,10 @@ def test_layouts_use_every_gpu_and_refuse_splits_that_do_not():
         layouts(6, None, tp=4)
     base = disagg(kv_link="infiniband", prefill_router="power-of-two")
     co = Layout(0, 0, 4).config(base)
-    assert (co.replicas, co.router, co.prefill_replicas, co.kv_link) == (4, "power-of-two", 0, "nvlink")
+    assert (co.fleet.replicas, co.fleet.router, co.fleet.prefill_replicas, co.fleet.kv_link) == (
+        4, "power-of-two", 0, "nvlink")
     split = Layout(3, 1, 4).config(base)
-    assert (split.prefill_replicas, split.decode_replicas, split.kv_link) == (3, 1, "infiniband")
+    assert (split.fleet.prefill_replicas, split.fleet.decode_replicas, split.fleet.kv_link) == (3, 1, "infiniband")
 
 
 def test_the_disagg_command_writes_its_tables_and_figures(capsys, tmp_path):

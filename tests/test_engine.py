@@ -20,7 +20,7 @@ def run(cost: str, workload: Workload | None = None, **fields):
     else:
         fields.setdefault("rate", 1.0)
         fields.setdefault("num_requests", len(workload))
-    return run_simulation(SimConfig(profile=cost, **fields), workload=workload)
+    return run_simulation(SimConfig.of(profile=cost, **fields), workload=workload)
 
 
 def fixed_workload(arrivals, prompts, outputs) -> Workload:
@@ -69,13 +69,14 @@ def test_every_request_gets_exactly_its_output_tokens(cost_json):
 
     cost = load_cost_model(cost_json(per_batched_token=1e-4), "linear")
     wl = fixed_workload([0.0, 0.0, 0.1, 0.2], [10, 50, 7, 300], [1, 9, 33, 5])
-    config = SimConfig(rate=1.0, num_requests=4, acceptance_rate=0.6, k=3)
+    config = SimConfig.of(rate=1.0, num_requests=4, acceptance_rate=0.6, k=3)
     spec = EngineSpec(max_num_seqs=4, max_num_batched_tokens=64, block_size=4, num_gpu_blocks=200, chunked_prefill=True,
                       max_k=3, draft_proposer=True, ngram_match_prob=0.5, speculative=True)
     env = simpy.Environment()
     rec = Recorder(wl.arrival_time, wl.prompt_tokens, wl.output_tokens, save_steps=True)
     engine = SimulatedEngine(env, spec, wl, cost, make_policy("fixed-k", 3), cost,
-                             make_acceptance(config, np.random.default_rng(0)), np.random.default_rng(1), rec)
+                             make_acceptance(config.speculative, np.random.default_rng(0)), np.random.default_rng(1),
+                             rec)
     engine.start()
     env.run()
     assert engine.generated == [1, 9, 33, 5]
@@ -220,17 +221,18 @@ def run_engine(cost_path: str, config: SimConfig, run_steps: int):
     from simulator.metrics import Recorder
     from simulator.inputs.workload import build_workload
 
-    rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(4)]
-    wl = build_workload(config, rngs[0], rngs[1])
+    rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(config.run.seed).spawn(4)]
+    wl = build_workload(config.workload, rngs[0], rngs[1])
     cost = load_cost_model(cost_path, "linear")
-    spec = EngineSpec(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-                      block_size=config.block_size, num_gpu_blocks=config.num_gpu_blocks, chunked_prefill=False,
-                      max_k=config.k, draft_proposer=True, ngram_match_prob=0.5,
-                      speculative=config.policy != "no-spec", run_steps=run_steps)
+    engine = config.engine
+    spec = EngineSpec(max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
+                      block_size=engine.block_size, num_gpu_blocks=engine.num_gpu_blocks, chunked_prefill=False,
+                      max_k=config.speculative.k, draft_proposer=True, ngram_match_prob=0.5,
+                      speculative=config.speculative.policy != "no-spec", run_steps=run_steps)
     env = simpy.Environment()
     rec = Recorder(wl.arrival_time, wl.prompt_tokens, wl.output_tokens, save_steps=True)
-    SimulatedEngine(env, spec, wl, cost, make_policy(config.policy, config.k), cost,
-                    make_acceptance(config, rngs[2]), rngs[3], rec).start()
+    SimulatedEngine(env, spec, wl, cost, make_policy(config.speculative.policy, config.speculative.k), cost,
+                    make_acceptance(config.speculative, rngs[2]), rngs[3], rec).start()
     env.run()
     return rec
 
@@ -239,9 +241,9 @@ def test_runs_of_steps_equal_single_steps_without_speculation(cost_json):
     """Without randomness a run of steps is exactly the same steps at the same times."""
     cost = cost_json(target=0.01, per_batched_token=1e-4, per_context_token=1e-7, prefill=0.005,
                      per_prompt_token=1e-5)
-    config = SimConfig(rate=20.0, num_requests=300, length_dist="lognormal", prompt_len=100, output_len=60,
-                       max_prompt_len=800, max_output_len=400, num_gpu_blocks=120, block_size=16, max_num_seqs=32,
-                       seed=11)
+    config = SimConfig.of(rate=20.0, num_requests=300, length_dist="lognormal", prompt_len=100, output_len=60,
+                          max_prompt_len=800, max_output_len=400, num_gpu_blocks=120, block_size=16, max_num_seqs=32,
+                          seed=11)
     single, runs = run_engine(cost, config, 1), run_engine(cost, config, 64)
     assert runs.num_steps == single.num_steps
     assert runs.preemptions.sum() == single.preemptions.sum() > 0
@@ -254,8 +256,8 @@ def test_runs_of_steps_equal_single_steps_without_speculation(cost_json):
 
 def test_runs_of_steps_match_single_steps_statistically_with_speculation(cost_json):
     cost = cost_json(target=0.01, per_batched_token=1e-4, draft=0.001)
-    config = SimConfig(rate=20.0, num_requests=3000, prompt_len=32, output_len=40, num_gpu_blocks=100_000,
-                       policy="fixed-k", k=4, acceptance_rate=0.7, seed=12)
+    config = SimConfig.of(rate=20.0, num_requests=3000, prompt_len=32, output_len=40, num_gpu_blocks=100_000,
+                          policy="fixed-k", k=4, acceptance_rate=0.7, seed=12)
     single, runs = run_engine(cost, config, 1), run_engine(cost, config, 64)
     latency = [np.mean(r.finish_time - r.arrival_time) for r in (single, runs)]
     assert latency[1] == pytest.approx(latency[0], rel=0.03)
@@ -271,7 +273,8 @@ def test_a_simulation_never_imports_pandas(tmp_path):
     lengths = tmp_path / "lengths.csv"
     lengths.write_text("prompt_tokens,output_tokens\n100,20\n300,50\n")
     code = (f"import sys; from simulator.config import SimConfig; from simulator.core.runner import run_simulation; "
-            f"r = run_simulation(SimConfig(rate=2.0, num_requests=50, length_dist='file', length_file={str(lengths)!r})); "
+            f"r = run_simulation(SimConfig.of(rate=2.0, num_requests=50, length_dist='file', "
+            f"length_file={str(lengths)!r})); "
             f"assert r.summary['requests'] == 50; print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -288,16 +291,16 @@ def run_engine_with_cost(cost, policy: str, run_steps: int = 64):
     from simulator.inputs.workload import build_workload
     from simulator.metrics import Recorder
 
-    config = SimConfig(rate=20.0, num_requests=40, prompt_len=64, output_len=40, k=3, policy=policy, seed=5)
-    rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(config.seed).spawn(4)]
-    wl = build_workload(config, rngs[0], rngs[1])
+    config = SimConfig.of(rate=20.0, num_requests=40, prompt_len=64, output_len=40, k=3, policy=policy, seed=5)
+    rngs = [np.random.default_rng(s) for s in np.random.SeedSequence(config.run.seed).spawn(4)]
+    wl = build_workload(config.workload, rngs[0], rngs[1])
     spec = EngineSpec(max_num_seqs=16, max_num_batched_tokens=2048, block_size=16, num_gpu_blocks=2000,
                       chunked_prefill=False, max_k=3, draft_proposer=True, ngram_match_prob=0.5,
                       speculative=policy != "no-spec", run_steps=run_steps)
     env = simpy.Environment()
     rec = Recorder(wl.arrival_time, wl.prompt_tokens, wl.output_tokens, save_steps=True)
-    SimulatedEngine(env, spec, wl, cost, make_policy(policy, 3), cost, make_acceptance(config, rngs[2]), rngs[3],
-                    rec).start()
+    SimulatedEngine(env, spec, wl, cost, make_policy(policy, 3), cost, make_acceptance(config.speculative, rngs[2]),
+                    rngs[3], rec).start()
     env.run()
     assert rec.finished == 40
     return rec

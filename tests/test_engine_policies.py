@@ -228,7 +228,7 @@ def test_simulate_runs_each_policy_and_its_steps_replay(capsys, tmp_path, policy
 
 
 def test_a_sweep_runs_both_policies(tmp_path):
-    base = SimConfig(profile=PROFILE, rate=1.0, num_requests=60)
+    base = SimConfig.of(profile=PROFILE, rate=1.0, num_requests=60)
     specs = [f"vllm-batch-table:5/table={TABLE.replace(',', ';')}", "sglang-adaptive:7"]
     summary = run_sweep(build_cells(base, [2.0, 16.0], specs, [0]), tmp_path / "sweep", LocalExecutor(1))
     assert sorted(zip(summary["policy"], summary["rate"])) == [(s, r) for s in sorted(specs) for r in (2.0, 16.0)]
@@ -238,16 +238,16 @@ def test_a_sweep_runs_both_policies(tmp_path):
 @pytest.mark.parametrize("flag", ["PLAIN_RUNS", "ADAPTIVE_RUNS"])
 def test_adaptive_runs_are_the_per_step_path(monkeypatch, flag):
     """sglang-adaptive takes the simulator's runs of steps (propose_plain, observe_plain): bit for bit step by step."""
-    config = SimConfig(profile=PROFILE, policy="sglang-adaptive", k=7, rate=8.0, num_requests=300, seed=5,
-                       policy_params=(("warmup_batches", 2), ("update_interval", 2)))
+    config = SimConfig.of(profile=PROFILE, policy="sglang-adaptive", k=7, rate=8.0, num_requests=300, seed=5,
+                          policy_params=(("warmup_batches", 2), ("update_interval", 2)))
     _fast_against_plain(monkeypatch, config, flag, "_plain_run" if flag == "PLAIN_RUNS" else "_adaptive_run")
 
 
 def test_table_runs_asked_by_count_are_runs_asked_by_propose(monkeypatch):
     from simulator.core import runs
 
-    config = SimConfig(profile=PROFILE, policy="vllm-batch-table", k=5, policy_params=(("table", TABLE),), rate=20.0,
-                       num_requests=300, seed=9, save_steps=True)
+    config = SimConfig.of(profile=PROFILE, policy="vllm-batch-table", k=5, policy_params=(("table", TABLE),), rate=20.0,
+                          num_requests=300, seed=9, save_steps=True)
     fast = run_simulation(config)
     monkeypatch.setattr(runs, "BY_COUNT", False)
     plain = run_simulation(config)
@@ -301,12 +301,12 @@ def outcomes(tmp_path_factory):
         "target": {"base": 0.010, "per_batched_token": 0.0002, "per_context_token": 0.0},
         "draft": {"base": 0.001, "per_batched_token": 0.0, "per_context_token": 0.0},
         "prefill": {"base": 0.0, "per_prompt_token": 0.00002}, "overhead": {"base": 0.0}}))
-    base = SimConfig(profile=str(profile), rate=1.0, num_requests=1000, prompt_len=64, output_len=64,
-                     acceptance_rate=0.8, num_gpu_blocks=100_000)
+    base = SimConfig.of(profile=str(profile), rate=1.0, num_requests=1000, prompt_len=64, output_len=64,
+                        acceptance_rate=0.8, num_gpu_blocks=100_000)
     policies = ["no-spec", "fixed-k:3", "fixed-k:5", "fixed-k:7", f"vllm-batch-table:5/table={TABLE.replace(',', ';')}",
                 "sglang-adaptive:7"]
     sweeps = {0.8: build_cells(base, [0.5, 55.0], policies, [0]),
-              0.95: build_cells(dataclasses.replace(base, acceptance_rate=0.95), [0.5],
+              0.95: build_cells(base.replace(acceptance_rate=0.95), [0.5],
                                 ["fixed-k:3", "fixed-k:7", "sglang-adaptive:7"], [0])}
     found = {}
     for acceptance, cells in sweeps.items():

@@ -115,8 +115,8 @@ def test_goodput_fast_path_decides_as_the_reference(params):
                                     {"proposer": "ngram", "acceptance_rate": 0.4},
                                     {"scheduler": "chunked-prefill", "policy_params": (("estimator", "ratio"),)}])
 def test_goodput_runs_alike_on_both_paths(monkeypatch, fields):
-    config = SimConfig(profile=PROFILE, policy="goodput", rate=6.0, num_requests=150, seed=4, save_steps=True,
-                       **fields)
+    config = SimConfig.of(profile=PROFILE, policy="goodput", rate=6.0, num_requests=150, seed=4, save_steps=True,
+                          **fields)
     fast = run_simulation(config)
     monkeypatch.setattr(Goodput, "fast", False)
     plain = run_simulation(config)
@@ -233,7 +233,7 @@ GOODPUT_RUNS = [{}, {"proposer": "ngram", "acceptance_rate": 0.4},
 @pytest.mark.parametrize("fields", GOODPUT_RUNS)
 def test_plain_runs_are_the_per_step_path(monkeypatch, fields):
     """runs.PLAIN_RUNS (several goodput steps per SimPy event) against one event per step, bit for bit."""
-    config = SimConfig(**{**dict(profile=PROFILE, policy="goodput", rate=8.0, num_requests=300, seed=5), **fields})
+    config = SimConfig.of(**{**dict(profile=PROFILE, policy="goodput", rate=8.0, num_requests=300, seed=5), **fields})
     _fast_against_plain(monkeypatch, config, "PLAIN_RUNS", "_plain_run")
 
 
@@ -260,7 +260,7 @@ def test_list_runs_are_the_numpy_runs(monkeypatch, tmp_path, fields):
         path = tmp_path / "uneven.py"
         path.write_text(STATIONARY)
         fields = {"policy": "test-uneven-stationary", "policy_file": str(path)}
-    config = SimConfig(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=6), **fields})
+    config = SimConfig.of(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=6), **fields})
     _, _, calls = _fast_against_plain(monkeypatch, config, "LIST_RUNS", "_list_run")
     if fields["policy"] == "test-uneven-stationary":
         assert any(min(ks) != max(ks) for ks, *_ in calls)
@@ -286,7 +286,7 @@ STEP_RUNS = [{"proposer": "ngram", "acceptance_rate": 0.3, "ngram_match_prob": 0
 def test_step_runs_are_the_per_step_path(monkeypatch, fields):
     """runs.STEP_RUNS (a stationary policy's per-step steps, several in one SimPy event: n-gram proposals, chunked
     prefill) against one event per step, bit for bit: summaries and request columns."""
-    config = SimConfig(**{**dict(profile=PROFILE, policy="fixed-k", rate=8.0, num_requests=300, seed=7), **fields})
+    config = SimConfig.of(**{**dict(profile=PROFILE, policy="fixed-k", rate=8.0, num_requests=300, seed=7), **fields})
     fast, _, _ = _fast_against_plain(monkeypatch, config, "STEP_RUNS", "_plain_run")
     if "num_gpu_blocks" in fields:
         assert fast.summary["preemptions"] > 0
@@ -310,7 +310,7 @@ UNIFORM_RUNS = [{"scheduler": "chunked-prefill"},
 def test_uniform_runs_are_the_plain_loop(monkeypatch, fields):
     """runs.UNIFORM_RUNS (a run of one k for everyone kept on tokens left and the context total, contexts, blocks and
     totals worked out at its end) against runs.STEP_RUNS' loop, bit for bit: summaries and request columns."""
-    config = SimConfig(**{**dict(profile=PROFILE, policy="fixed-k", rate=8.0, num_requests=300, seed=8), **fields})
+    config = SimConfig.of(**{**dict(profile=PROFILE, policy="fixed-k", rate=8.0, num_requests=300, seed=8), **fields})
     fast, _, _ = _fast_against_plain(monkeypatch, config, "UNIFORM_RUNS", "_uniform_run")
     if "num_gpu_blocks" in fields:
         assert fast.summary["preemptions"] > 0
@@ -356,7 +356,7 @@ def test_runs_asked_by_count_are_runs_asked_by_propose(monkeypatch, fields):
     """runs.BY_COUNT on and off: the same summaries and request columns (and steps, where kept)."""
     from simulator.core import runs
 
-    config = SimConfig(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=9), **fields})
+    config = SimConfig.of(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=9), **fields})
     fast = run_simulation(config)
     monkeypatch.setattr(runs, "BY_COUNT", False)
     plain = run_simulation(config)
@@ -367,8 +367,8 @@ def test_runs_asked_by_count_are_runs_asked_by_propose(monkeypatch, fields):
 def test_uniform_runs_go_on_past_a_finish(monkeypatch):
     """A uniform run whose step ends with a finish, nobody waiting, goes on with the smaller batch in the same event
     (more stretches of steps than runs), and still gives step by step's results."""
-    config = SimConfig(profile=PROFILE, policy="fixed-k", scheduler="chunked-prefill", rate=2.0, num_requests=200,
-                       seed=10)
+    config = SimConfig.of(profile=PROFILE, policy="fixed-k", scheduler="chunked-prefill", rate=2.0, num_requests=200,
+                          seed=10)
     _goes_on_past_a_finish(monkeypatch, config, "UNIFORM_RUNS", "_uniform_run", "_uniform_steps")
 
 
@@ -398,7 +398,7 @@ def test_uniform_steps_priced_without_a_shape_are_predict_step_seconds(monkeypat
     if fields.get("policy") == "test-uneven-stationary":
         (tmp_path / "uneven.py").write_text(STATIONARY)
         fields = {**fields, "policy_file": str(tmp_path / "uneven.py")}
-    config = SimConfig(**{**dict(profile=PROFILE, policy="fixed-k", rate=8.0, num_requests=300, seed=12), **fields})
+    config = SimConfig.of(**{**dict(profile=PROFILE, policy="fixed-k", rate=8.0, num_requests=300, seed=12), **fields})
     fast = run_simulation(config)
     monkeypatch.setattr(runs, "UNIFORM_STEPS", False)
     plain = run_simulation(config)
@@ -418,8 +418,8 @@ NGRAM_RUNS = [{"acceptance_rate": 0.3, "ngram_match_prob": 0.2}, {"acceptance_ra
 def test_ngram_runs_are_the_plain_loop(monkeypatch, fields):
     """runs.NGRAM_RUNS (a one-k policy's uniform runs under n-gram proposals: hits and misses drawn per step, totals
     from sums at the end) against runs.STEP_RUNS' loop, bit for bit: summaries and request columns."""
-    config = SimConfig(**{**dict(profile=PROFILE, policy="fixed-k", proposer="ngram", rate=8.0, num_requests=300,
-                                 seed=13), **fields})
+    config = SimConfig.of(**{**dict(profile=PROFILE, policy="fixed-k", proposer="ngram", rate=8.0, num_requests=300,
+                                    seed=13), **fields})
     fast, _, _ = _fast_against_plain(monkeypatch, config, "NGRAM_RUNS", "_ngram_steps")
     if "num_gpu_blocks" in fields:
         assert fast.summary["preemptions"] > 0
@@ -492,7 +492,7 @@ def test_goodput_decisions_priced_alike(monkeypatch, flag, fields):
     from policies import goodput
     from simulator.inputs import acceptance
 
-    config = SimConfig(**{**dict(profile=PROFILE, policy="goodput", rate=8.0, num_requests=300, seed=14), **fields})
+    config = SimConfig.of(**{**dict(profile=PROFILE, policy="goodput", rate=8.0, num_requests=300, seed=14), **fields})
     module = {"UNIFORM_PRICER": step_time, "SEQUENTIAL_SUM": goodput, "UNIFORM_DRAWS": acceptance}[flag]
     results = []
     for on in (True, False):
@@ -524,7 +524,7 @@ def test_adaptive_runs_are_the_plain_loop(monkeypatch, fields):
     """runs.ADAPTIVE_RUNS (goodput's runs kept on tokens left and the context total, asked and told every step;
     contexts, blocks and totals worked out at the end) against runs.PLAIN_RUNS' loop, bit for bit: summaries and
     request columns. A policy priced on another profile than the engine's misses the memo."""
-    config = SimConfig(**{**dict(profile=PROFILE, policy="goodput", rate=8.0, num_requests=300, seed=15), **fields})
+    config = SimConfig.of(**{**dict(profile=PROFILE, policy="goodput", rate=8.0, num_requests=300, seed=15), **fields})
     fast, _, _ = _fast_against_plain(monkeypatch, config, "ADAPTIVE_RUNS", "_adaptive_run")
     if "num_gpu_blocks" in fields:
         assert fast.summary["preemptions"] > 0
@@ -533,5 +533,5 @@ def test_adaptive_runs_are_the_plain_loop(monkeypatch, fields):
 def test_adaptive_runs_go_on_past_a_finish(monkeypatch):
     """An adaptive run whose step ends with a finish, nobody waiting, goes on with the smaller batch in the same event
     (more stretches of steps than runs), and still gives the plain loop's results."""
-    config = SimConfig(profile=PROFILE, policy="goodput", rate=2.0, num_requests=200, seed=16)
+    config = SimConfig.of(profile=PROFILE, policy="goodput", rate=2.0, num_requests=200, seed=16)
     _goes_on_past_a_finish(monkeypatch, config, "ADAPTIVE_RUNS", "_adaptive_run", "_adaptive_steps")

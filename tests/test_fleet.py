@@ -56,11 +56,12 @@ def test_one_registry_holds_every_router_the_config_accepts_each_citing_what_it_
     for name, cls in ROUTERS.items():
         assert cited[name] in " ".join(cls.__doc__.split())
     with pytest.raises(UserError, match="router"):
-        SimConfig(rate=1.0, num_requests=1, router="random")
+        SimConfig.of(rate=1.0, num_requests=1, router="random")
 
 
 def test_round_robin_deals_four_requests_at_once_over_two_replicas_in_turn():
-    result = run_fleet(SimConfig(rate=1.0, num_requests=1, replicas=2, router="round-robin"), workload=workload([0, 0, 0, 0]))
+    result = run_fleet(SimConfig.of(rate=1.0, num_requests=1, replicas=2, router="round-robin"),
+                       workload=workload([0, 0, 0, 0]))
     assert replicas_of(result) == [0, 1, 0, 1]
     assert result.replicas["requests"].tolist() == [2, 2]
 
@@ -71,7 +72,7 @@ def test_least_outstanding_sends_to_the_idle_replica_ties_to_the_lowest_index():
     assert router.choose(request(), loads(1, 1, 1)) == 0
     # a long request keeps replica 0 busy; the next goes to the idle replica 1, the third to 0 (a tie: 1 and 1)
     wl = workload([0.0, 0.001, 0.002], outputs=[500, 500, 500])
-    result = run_fleet(SimConfig(rate=1.0, num_requests=1, replicas=2, router="least-outstanding"), workload=wl)
+    result = run_fleet(SimConfig.of(rate=1.0, num_requests=1, replicas=2, router="least-outstanding"), workload=wl)
     assert replicas_of(result) == [0, 1, 0]
 
 
@@ -82,7 +83,7 @@ def test_power_of_two_draws_from_its_own_seeded_stream_and_picks_the_less_loaded
     # with one replica idle among loaded ones, it wins whenever it is drawn
     router = PowerOfTwo(np.random.default_rng(0))
     assert router.choose(request(), loads(5, 0)) == 1
-    config = SimConfig(rate=20.0, num_requests=200, replicas=4, router="power-of-two", seed=3)
+    config = SimConfig.of(rate=20.0, num_requests=200, replicas=4, router="power-of-two", seed=3)
     assert replicas_of(run_config(config)) == replicas_of(run_config(config))
     assert replicas_of(run_config(config)) != replicas_of(run_config(config.replace(seed=4)))
 
@@ -90,7 +91,7 @@ def test_power_of_two_draws_from_its_own_seeded_stream_and_picks_the_less_loaded
 def test_power_of_two_leaves_the_runs_own_streams_untouched():
     """The router's stream is a fifth child of the seed: the arrivals, lengths and acceptance draws are those of one
     engine, so a fleet and a single engine with the same seed serve the same workload."""
-    config = SimConfig(rate=20.0, num_requests=100, seed=5, length_dist="lognormal")
+    config = SimConfig.of(rate=20.0, num_requests=100, seed=5, length_dist="lognormal")
     one, fleet = run_config(config), run_config(config.replace(replicas=3, router="power-of-two"))
     for column in ("arrival_time", "prompt_tokens", "output_tokens"):
         assert one.requests[column].equals(fleet.requests[column])
@@ -98,10 +99,11 @@ def test_power_of_two_leaves_the_runs_own_streams_untouched():
 
 def test_session_keeps_each_prompt_id_on_one_replica_and_falls_back_to_round_robin_without_ids():
     wl = workload([0, 0.1, 0.2, 0.3, 0.4, 0.5], prompt_id=[7, 4, 7, 4, 7, 9])
-    result = run_fleet(SimConfig(rate=1.0, num_requests=1, replicas=2, router="session"), workload=wl)
+    result = run_fleet(SimConfig.of(rate=1.0, num_requests=1, replicas=2, router="session"), workload=wl)
     assert replicas_of(result) == [1, 0, 1, 0, 1, 1]  # prompt_id mod 2
     with pytest.warns(UserWarning, match="--router session: the workload has no session key"):  # said, not silent
-        result = run_fleet(SimConfig(rate=1.0, num_requests=1, replicas=2, router="session"), workload=workload([0, 0, 0]))
+        result = run_fleet(SimConfig.of(rate=1.0, num_requests=1, replicas=2, router="session"),
+                           workload=workload([0, 0, 0]))
     assert replicas_of(result) == [0, 1, 0]
 
 
@@ -109,7 +111,7 @@ def prefix_case(threshold: int):
     """Replica 0 serves prompt 1 (then holds its blocks, cached) and then a long request of prompt 2; prompt 1 comes
     back while replica 0 has one request outstanding and replica 1 none."""
     wl = workload([0.0, 0.5, 1.0], prompts=[1024, 64, 1024], outputs=[4, 2000, 4], prompt_id=[1, 2, 1])
-    config = SimConfig(rate=1.0, num_requests=1, replicas=2, router="prefix-aware", enable_prefix_caching=True)
+    config = SimConfig.of(rate=1.0, num_requests=1, replicas=2, router="prefix-aware", enable_prefix_caching=True)
     return run_fleet(config, workload=wl, router=PrefixAware(load_threshold=threshold))
 
 
@@ -120,8 +122,8 @@ def test_prefix_aware_sends_a_repeated_prompt_to_the_replica_that_cached_it_unle
     overloaded = prefix_case(threshold=0)  # one outstanding more than the idle replica is too many
     assert replicas_of(overloaded) == [0, 0, 1]
     assert overloaded.summary["prefix_cache_hit_tokens"] == 0
-    with pytest.raises(UserError, match="enable_prefix_caching"):
-        SimConfig(rate=1.0, num_requests=1, replicas=2, router="prefix-aware")
+    with pytest.raises(UserError, match="prefix-aware needs --enable-prefix-caching"):
+        SimConfig.of(rate=1.0, num_requests=1, replicas=2, router="prefix-aware")
     with pytest.raises(UserError, match="unknown parameter"):
         make_router("round-robin", bogus=1)
 
@@ -130,7 +132,7 @@ def test_prefix_aware_sends_a_repeated_prompt_to_the_replica_that_cached_it_unle
 @pytest.mark.parametrize("policy", ["no-spec", "goodput"])
 @pytest.mark.parametrize("scheduler", ["prefill-first", "chunked-prefill"])
 def test_a_fleet_of_one_replica_gives_the_single_engines_results_bit_for_bit(policy, scheduler):
-    config = SimConfig(rate=8.0, num_requests=300, seed=3, policy=policy, scheduler=scheduler)
+    config = SimConfig.of(rate=8.0, num_requests=300, seed=3, policy=policy, scheduler=scheduler)
     single, fleet = run_simulation(config), run_fleet(config)
     assert same_summary(single.summary, fleet.summary)
     pd.testing.assert_frame_equal(single.requests, fleet.requests.drop(columns="replica"), check_exact=True)
@@ -144,8 +146,8 @@ def test_a_fleet_of_one_replica_gives_the_single_engines_results_bit_for_bit(pol
 # -- a fleet's bookkeeping -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("router", ROUTER_NAMES[:4])
 def test_four_replicas_serve_every_request_once_and_conserve_tokens(router):
-    config = SimConfig(rate=40.0, num_requests=600, seed=2, policy="goodput", length_dist="lognormal",
-                       replicas=4, router=router, save_steps=True, num_gpu_blocks=100_000)
+    config = SimConfig.of(rate=40.0, num_requests=600, seed=2, policy="goodput", length_dist="lognormal",
+                          replicas=4, router=router, save_steps=True, num_gpu_blocks=100_000)
     result = run_config(config)
     requests, table = result.requests, result.replicas
     assert requests["finish_time"].notna().all() and set(requests["replica"]) <= {0, 1, 2, 3}
@@ -165,7 +167,7 @@ def test_four_replicas_serve_every_request_once_and_conserve_tokens(router):
     assert result.summary["replicas"] == 4 and result.summary["router"] == router
     assert result.summary["load_balance_max_mean"] >= 1.0 and result.summary["load_balance_cv"] >= 0.0
     assert (table["p50_batch"] <= table["p90_batch"]).all() and (table["mean_batch"] >= 1).all()
-    assert (table["mean_k"] >= 0).all() and (table["mean_k"] <= config.k).all()
+    assert (table["mean_k"] >= 0).all() and (table["mean_k"] <= config.speculative.k).all()
     for _, step in steps.groupby("replica"):
         assert (np.diff(step["start_time"].to_numpy()) >= 0).all()  # each replica's time never goes backwards
 
@@ -196,8 +198,8 @@ def test_replicas_relabelled_give_the_same_fleet_figures(name, profiles):
     their processes started, their random streams and, in a mixed fleet, their profiles given in that order) permutes
     the per-replica rows and changes no fleet figure. For round-robin this means the turns follow the router's order of
     the replicas."""
-    config = SimConfig(rate=30.0, num_requests=400, seed=1, policy="goodput", replicas=4, router=name,
-                       replica_profiles=profiles)
+    config = SimConfig.of(rate=30.0, num_requests=400, seed=1, policy="goodput", replicas=4, router=name,
+                          replica_profiles=profiles)
     perm = [2, 0, 3, 1]
     plain = run_fleet(config)
     permuted = run_fleet(config, order=perm, router=Permuted(make_router(name, router_stream(1)), perm))
@@ -219,7 +221,7 @@ def test_simulate_with_replicas_writes_the_per_replica_table(capsys, tmp_path):
     assert table["replica"].tolist() == [0, 1, 2] and table["requests"].sum() == 200
     summary = json.loads((out / "summary.json").read_text())
     assert summary["replicas"] == 3 and "load_balance_cv" in summary
-    assert json.loads((out / "config.json").read_text())["router"] == "least-outstanding"
+    assert json.loads((out / "config.json").read_text())["fleet"]["router"] == "least-outstanding"
     with pytest.raises(SystemExit):
         main(["simulate", "--help"])
     helptext = capsys.readouterr().out
@@ -241,8 +243,8 @@ def test_runs_cut_only_by_arrivals_routed_there_are_step_by_step_bit_for_bit(mon
     (batch-size distribution and mean k included) and step count."""
     from simulator.fleet import fleet
 
-    config = SimConfig(rate=40.0, num_requests=300, seed=2, length_dist="lognormal", replicas=3, router=router,
-                       **fields)
+    config = SimConfig.of(rate=40.0, num_requests=300, seed=2, length_dist="lognormal", replicas=3, router=router,
+                          **fields)
     reference = run_fleet(config, step_by_step=True)
     for bounded, cut in [(True, True), (True, False), (False, True), (False, False)]:
         monkeypatch.setattr(fleet, "BOUNDED_RUNS", bounded)
@@ -265,7 +267,7 @@ def test_a_run_is_cut_when_a_request_comes_and_only_then(monkeypatch):
     restore = fleet._Replica._restore
     monkeypatch.setattr(fleet._Replica, "_restore", lambda self, saved: cuts.append(self.env.now) or
                         restore(self, saved))
-    config = SimConfig(rate=40.0, num_requests=300, seed=2, policy="goodput", replicas=4, router="power-of-two")
+    config = SimConfig.of(rate=40.0, num_requests=300, seed=2, policy="goodput", replicas=4, router="power-of-two")
     result = run_fleet(config)
     arrivals = set(result.requests["arrival_time"])
     assert 0 < len(cuts) < 300 and set(cuts) <= arrivals  # each cut happens at an arrival, not at every one
@@ -303,8 +305,8 @@ def test_round_robin_and_power_of_two_tell_when_a_replica_may_next_be_chosen():
 def test_each_replica_keeps_its_batch_sizes_by_step_time_without_step_rows():
     """The per-replica batch-size figures come from the engines' step-time record (BatchLoad), equal to the figures
     the step rows give (weighted by step time), with or without step rows kept."""
-    config = SimConfig(rate=40.0, num_requests=300, seed=3, policy="goodput", replicas=2, router="least-outstanding",
-                       length_dist="lognormal")
+    config = SimConfig.of(rate=40.0, num_requests=300, seed=3, policy="goodput", replicas=2, router="least-outstanding",
+                          length_dist="lognormal")
     kept, lean = run_fleet(config.replace(save_steps=True)), run_fleet(config)
     assert lean.recorder.replicas[0].steps is None
     pd.testing.assert_frame_equal(kept.requests, lean.requests)
@@ -322,9 +324,9 @@ def test_a_replica_rewinds_its_acceptance_stream_exactly(model):
     from simulator.fleet.fleet import REWINDABLE, _attributes, _rewind
     from simulator.inputs.acceptance import make_acceptance
 
-    config = SimConfig(rate=1.0, num_requests=1, acceptance=model, acceptance_positions=(0.9, 0.5) if model ==
-                       "position" else ())
-    acc = make_acceptance(config, np.random.default_rng(1))
+    config = SimConfig.of(rate=1.0, num_requests=1, acceptance=model, acceptance_positions=(0.9, 0.5) if model ==
+                          "position" else ())
+    acc = make_acceptance(config.speculative, np.random.default_rng(1))
     assert isinstance(acc, REWINDABLE)
     acc.BLOCK = 7  # refills inside the rewound draws too
     for rid in range(6):
@@ -340,9 +342,9 @@ def test_a_replica_rewinds_its_acceptance_stream_exactly(model):
 def test_a_mixed_fleet_gives_each_replica_its_profile_and_the_order_of_the_list_changes_nothing():
     from simulator.fleet.fleet import resolve_profile
 
-    config = SimConfig(rate=20.0, num_requests=300, seed=1, policy="goodput", router="least-outstanding",
-                       length_dist="lognormal", replica_profiles=(H100, A100))
-    assert config.replicas == 2 and config.replica_profiles == (A100, H100)  # sorted: replica 0 is the A100
+    config = SimConfig.of(rate=20.0, num_requests=300, seed=1, policy="goodput", router="least-outstanding",
+                          length_dist="lognormal", replica_profiles=(H100, A100))
+    assert config.fleet.replicas == 2 and config.fleet.replica_profiles == (A100, H100)  # sorted: replica 0 is the A100
     mixed = run_config(config)
     assert mixed.replicas["profile"].tolist() == [A100, H100]
     assert mixed.replicas["num_gpu_blocks"].tolist() == [21602, 21472]  # each from its own profile's memory
@@ -353,7 +355,7 @@ def test_a_mixed_fleet_gives_each_replica_its_profile_and_the_order_of_the_list_
     same = run_config(config.replace(replica_profiles=(), replicas=2, profile=resolve_profile(A100)))
     pd.testing.assert_frame_equal(twice.requests, same.requests, check_exact=True)
     with pytest.raises(UserError, match="one profile is not a fleet"):
-        SimConfig(rate=1.0, num_requests=1, replica_profiles=(A100,))
+        SimConfig.of(rate=1.0, num_requests=1, replica_profiles=(A100,))
     with pytest.raises(UserError, match="no profile 'nosuch'"):
         run_config(config.replace(replica_profiles=("nosuch", A100)))
 
@@ -363,7 +365,7 @@ def test_a_request_that_fits_only_the_larger_replica_goes_there():
     the H200, whatever the router would have chosen; a 2,000,000-token one fits neither and is ignored."""
     h200 = "h200-vllm__llama-3.1-8b__llama-3.2-1b"
     wl = workload([0.0, 0.1, 0.2, 0.3], prompts=[64, 500_000, 64, 2_000_000], outputs=[8, 2, 8, 2])
-    config = SimConfig(rate=1.0, num_requests=1, replica_profiles=(A100, h200), router="round-robin")
+    config = SimConfig.of(rate=1.0, num_requests=1, replica_profiles=(A100, h200), router="round-robin")
     with pytest.warns(UserWarning, match="extrapolating"):
         result = run_fleet(config, workload=wl)
     assert result.replicas["profile"].tolist() == [A100, h200]
@@ -376,7 +378,7 @@ def test_replicas_with_a_front_end_each_have_their_own():
     engine with its front end, bit for bit, and two replicas serve every request."""
     from simulator.fleet.fleet import resolve_profile
 
-    config = SimConfig(rate=10.0, num_requests=200, seed=4, policy="goodput", profile=resolve_profile(H100))
+    config = SimConfig.of(rate=10.0, num_requests=200, seed=4, policy="goodput", profile=resolve_profile(H100))
     pd.testing.assert_frame_equal(run_simulation(config).requests, run_fleet(config).requests.drop(columns="replica"),
                                   check_exact=True)
     two = run_config(config.replace(replicas=2, router="least-outstanding"))

@@ -30,8 +30,8 @@ SHAREGPT = dict(length_dist="lognormal", prompt_len=512, output_len=415, length_
 
 def base(pricing: str, lengths: dict, rate: float, **changes) -> SimConfig:
     """Poisson arrivals (the rate is set per cell), acceptance ``rate``, 300 requests unless ``changes`` say."""
-    return SimConfig(**{"profile": str(PRICING[pricing]), "rate": 1.0, "num_requests": 300, "acceptance_rate": rate,
-                        "max_num_seqs": 256, **lengths, **changes})
+    return SimConfig.of(**{"profile": str(PRICING[pricing]), "rate": 1.0, "num_requests": 300, "acceptance_rate": rate,
+                           "max_num_seqs": 256, **lengths, **changes})
 
 
 def sweep(config: SimConfig, fractions: list[float], policies: list[str], folder) -> tuple[pd.DataFrame, float]:

@@ -205,7 +205,7 @@ def test_the_timed_head_module_holds_what_the_roofline_counts():
 def test_the_kv_blocks_fall_by_the_heads_weights_and_kv_exactly():
     path = DATA_DIR / "h100-80gb-analytical__llama-3.1-8b__eagle3-llama-3.1-8b.csv"
     cost = load_cost_model(path, "linear")
-    config = SimConfig(rate=1.0, num_requests=1, profile=str(path), policy="fixed-k", speculative_method="eagle3")
+    config = SimConfig.of(rate=1.0, num_requests=1, profile=str(path), policy="fixed-k", speculative_method="eagle3")
     budget = H100.memory_gib * 0.9 - TARGET.weight_bytes(2) / GIB - 2.0  # GiB: utilisation, target, reserve
     assert num_gpu_blocks(config, cost, speculative=False) == \
         math.floor(budget * GIB / (16 * TARGET.kv_bytes_per_token(2)))
@@ -219,17 +219,18 @@ def test_the_kv_blocks_fall_by_the_heads_weights_and_kv_exactly():
     ("NGRAM", "ngram", "ngram"), ("eagle", "eagle", "draft")])
 def test_sglang_and_vllm_names_are_one_method_and_set_the_proposer(given, stored, proposer):
     config = SimConfig.from_dict({"rate": 1.0, "num_requests": 1, "speculative_method": given})
-    assert (config.speculative_method, config.proposer, config.proposer_method) == (stored, proposer, stored)
+    spec = config.speculative
+    assert (spec.speculative_method, spec.proposer, spec.proposer_method) == (stored, proposer, stored)
     assert SimConfig.from_dict(config.to_dict()) == config
-    assert SimConfig(rate=1.0, num_requests=1).proposer_method == "draft_model"
-    assert config.replace(proposer="ngram" if proposer == "draft" else "draft").speculative_method is None
+    assert SimConfig.of(rate=1.0, num_requests=1).speculative.proposer_method == "draft_model"
+    assert config.replace(proposer="ngram" if proposer == "draft" else "draft").speculative.speculative_method is None
 
 
 def test_the_speculative_algorithm_flag_runs_a_head_and_records_vllms_name(tmp_path, capsys):
     path = DATA_DIR / "h100-80gb-analytical__llama-3.1-8b__eagle3-llama-3.1-8b.csv"
     assert run_sim.main(["simulate", "--profile", str(path), "--policy", "fixed-k", "--k", "3", "--rate", "2",
                          "--num-requests", "20", "--speculative-algorithm", "EAGLE3", "--out", str(tmp_path)]) == 0
-    saved = json.loads((tmp_path / "config.json").read_text())
+    saved = json.loads((tmp_path / "config.json").read_text())["speculative"]
     assert (saved["speculative_method"], saved["proposer"]) == ("eagle3", "draft")
 
 

@@ -68,9 +68,9 @@ def test_the_floor_is_zero_without_scatter_and_largest_on_the_few_requests_perce
     move by about a percent, the p90 TTFT (between its third and fourth slowest requests) by several."""
     gaps = np.random.default_rng(0).standard_exponential(24)
     workload = Workload(np.cumsum(gaps) / 0.8, [32] * 24, np.full(24, 24), "test")
-    config = SimConfig(arrival="poisson", rate=0.8, num_requests=24, policy="fixed-k", k=3, profile=PROFILE,
-                       policy_profile=PROFILE, fitter="interp", acceptance="constant", acceptance_rate=0.6,
-                       num_gpu_blocks=100_000)
+    config = SimConfig.of(arrival="poisson", rate=0.8, num_requests=24, policy="fixed-k", k=3, profile=PROFILE,
+                          policy_profile=PROFILE, fitter="interp", acceptance="constant", acceptance_rate=0.6,
+                          num_gpu_blocks=100_000)
     assert timing_floor(config, workload, 0.0, METRICS, draws=3) == {metric: 0.0 for metric in METRICS}
     floor = timing_floor(config, workload, 0.12, METRICS, draws=5)
     assert floor["mean_latency"] < 0.03 and floor["throughput"] < 0.02

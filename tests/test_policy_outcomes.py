@@ -25,8 +25,8 @@ def sweep(tmp_path_factory):
         "target": {"base": 0.010, "per_batched_token": 0.0002, "per_context_token": 0.0},
         "draft": {"base": 0.001, "per_batched_token": 0.0, "per_context_token": 0.0},
         "prefill": {"base": 0.0, "per_prompt_token": 0.00002}, "overhead": {"base": 0.0}}))
-    base = SimConfig(profile=str(profile), rate=1.0, num_requests=1000, prompt_len=64, output_len=64,
-                     acceptance_rate=0.8, num_gpu_blocks=100_000)
+    base = SimConfig.of(profile=str(profile), rate=1.0, num_requests=1000, prompt_len=64, output_len=64,
+                        acceptance_rate=0.8, num_gpu_blocks=100_000)
     cells = build_cells(base, [0.5, 30.0, 55.0], STATIC + ["goodput:5"], [0])
     return run_sweep(cells, folder / "sweep", LocalExecutor(2))
 

@@ -263,7 +263,8 @@ def test_a_trace_with_a_prompt_id_column_is_read_with_its_ids(tmp_path: Path):
     w = read_trace(str(path))
     assert w.prompt_id.tolist() == [7, 7, 9]
     assert w.prompt_tokens.tolist() == [40, 40, 64]
-    replayed = build_workload(SimConfig(arrival="trace", trace=str(path), rate=None, num_requests=2), None, None)
+    replayed = build_workload(SimConfig.of(arrival="trace", trace=str(path), rate=None, num_requests=2).workload,
+                              None, None)
     assert replayed.prompt_id.tolist() == [7, 7]  # truncated with the requests
     back = tmp_path / "back.csv"
     w.to_frame().to_csv(back, index=False)
@@ -289,8 +290,8 @@ def test_file_sampled_requests_repeat_ids_exactly_where_rows_repeat(tmp_path: Pa
     rows = [(10 * i + 3, i + 1) for i in range(8)]  # every row distinct
     path = tmp_path / "lengths.csv"
     path.write_text("prompt_tokens,output_tokens\n" + "".join(f"{p},{o}\n" for p, o in rows))
-    config = SimConfig(rate=4.0, num_requests=500, length_dist="file", length_file=str(path))
-    w = build_workload(config, np.random.default_rng(0), np.random.default_rng(1))
+    config = SimConfig.of(rate=4.0, num_requests=500, length_dist="file", length_file=str(path))
+    w = build_workload(config.workload, np.random.default_rng(0), np.random.default_rng(1))
     ids = w.prompt_id
     assert ids is not None and set(ids.tolist()) == set(range(8))  # 500 draws of 8 rows: every row, repeated
     assert [rows[i] for i in ids.tolist()] == list(zip(w.prompt_tokens.tolist(), w.output_tokens.tolist()))
@@ -299,7 +300,7 @@ def test_file_sampled_requests_repeat_ids_exactly_where_rows_repeat(tmp_path: Pa
 
 
 def test_synthetic_lengths_share_no_prompt():
-    w = build_workload(SimConfig(rate=4.0, num_requests=10, length_dist="lognormal"),
+    w = build_workload(SimConfig.of(rate=4.0, num_requests=10, length_dist="lognormal").workload,
                        np.random.default_rng(0), np.random.default_rng(1))
     assert w.prompt_id is None
 
@@ -320,7 +321,7 @@ def _run(cost: str, **fields):
 
     base = dict(profile=cost, rate=15.0, num_requests=300, block_size=BS, max_num_seqs=64,
                 max_num_batched_tokens=1024, seed=3, save_steps=True)
-    return run_simulation(SimConfig(**{**base, **fields}))
+    return run_simulation(SimConfig.of(**{**base, **fields}))
 
 
 @engine_wired
@@ -416,8 +417,8 @@ def test_with_room_for_everything_the_hit_rate_is_the_infinite_cache_bound(cost_
         rows.append(f'{{"timestamp": {i * 400}, "input_length": {tokens}, "output_length": 4, "hash_ids": {turn}}}')
     path = tmp_path / "conv.jsonl"
     path.write_text("\n".join(rows) + "\n")
-    config = SimConfig(arrival="trace", trace=str(path), enable_prefix_caching=True, block_size=BS,
-                       profile=cost_json(target=0.01, prefill=0.01, per_prompt_token=1e-6), num_gpu_blocks=1_000_000)
+    config = SimConfig.of(arrival="trace", trace=str(path), enable_prefix_caching=True, block_size=BS,
+                          profile=cost_json(target=0.01, prefill=0.01, per_prompt_token=1e-6), num_gpu_blocks=1_000_000)
     summary = run_simulation(config).summary
     w = read_trace(str(path))
     keys, seen, hit = prompt_keys(w, BS), set(), 0

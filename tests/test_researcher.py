@@ -68,7 +68,7 @@ def test_burstiness_is_gamma_shape(capsys, tmp_path):
     code, _, err = run(capsys, "simulate", "--request-rate", "2", "--num-prompts", "20", "--burstiness", "0.25",
                        "--out", str(tmp_path / "r"))
     assert code == 0, err
-    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    config = json.loads((tmp_path / "r" / "config.json").read_text())["workload"]
     assert config["arrival"] == "gamma" and config["cv"] == pytest.approx(2.0)
     code, _, err = run(capsys, "simulate", "--rate", "2", "--num-requests", "20", "--burstiness", "0",
                        "--out", str(tmp_path / "s"))
@@ -84,7 +84,7 @@ def test_bad_goodput_is_one_line(capsys, tmp_path, bad):
 
 # -- metrics ---------------------------------------------------------------------------------------
 def _result(**changes):
-    return run_simulation(SimConfig(**{"rate": 2.0, "num_requests": 60, **changes}))
+    return run_simulation(SimConfig.of(**{"rate": 2.0, "num_requests": 60, **changes}))
 
 
 def test_itl_counts_a_speculative_burst_as_one_gap():

@@ -145,7 +145,7 @@ class InterruptedAfter:
 
 
 def test_an_interrupted_sweep_leaves_no_summary_that_looks_complete(cost_json, tmp_path):
-    base = SimConfig(profile=cost_json(), rate=1.0, num_requests=10, num_gpu_blocks=5000)
+    base = SimConfig.of(profile=cost_json(), rate=1.0, num_requests=10, num_gpu_blocks=5000)
     first = build_cells(base, [1.0, 2.0], ["no-spec"], [0])
     assert len(run_sweep(first, tmp_path, LocalExecutor(1))) == 2
     extended = build_cells(base, [1.0, 2.0, 3.0, 4.0], ["no-spec"], [0])

@@ -288,10 +288,10 @@ def same_results(a, b) -> None:
                                     dict(policy="fixed-k", scheduler="chunked-prefill", acceptance="beta"),
                                     dict(policy="goodput", policy_params=(("mode", "request"),), save_steps=True)])
 def test_a_chain_given_as_a_tree_is_todays_chain_bit_for_bit(fields):
-    chain = run_simulation(SimConfig(k=4, **BASE, **fields))
+    chain = run_simulation(SimConfig.of(k=4, **BASE, **fields))
     for tree in (dict(speculative_token_tree="[(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)]"),
                  dict(speculative_num_steps=4, speculative_eagle_topk=1, speculative_num_draft_tokens=5)):
-        same_results(chain, run_simulation(SimConfig(k=4, **BASE, **fields, **tree)))
+        same_results(chain, run_simulation(SimConfig.of(k=4, **BASE, **fields, **tree)))
 
 
 @pytest.mark.parametrize("fields, method", [
@@ -312,16 +312,16 @@ def test_a_trees_runs_of_steps_are_its_steps_one_by_one(monkeypatch, fields, met
     taken = []
     original = getattr(DecodeRuns, method)
     monkeypatch.setattr(DecodeRuns, method, lambda self, *args: taken.append(1) or original(self, *args))
-    runs = run_simulation(SimConfig(**BASE, **fields))
+    runs = run_simulation(SimConfig.of(**BASE, **fields))
     assert taken
-    same_results(runs, run_simulation(SimConfig(**BASE, **fields), step_by_step=True))
+    same_results(runs, run_simulation(SimConfig.of(**BASE, **fields), step_by_step=True))
     monkeypatch.setattr(step_time, "TREE_MEMO", False)
-    same_results(runs, run_simulation(SimConfig(**BASE, **fields)))
+    same_results(runs, run_simulation(SimConfig.of(**BASE, **fields)))
 
 
 def test_a_tree_run_verifies_nodes_and_accepts_at_most_its_depth():
-    config = SimConfig(**{**BASE, "length_dist": "fixed"}, policy="fixed-k", k=8, speculative_token_tree=VLLM_TREE,
-                       save_steps=True, num_gpu_blocks=400)
+    config = SimConfig.of(**{**BASE, "length_dist": "fixed"}, policy="fixed-k", k=8, speculative_token_tree=VLLM_TREE,
+                          save_steps=True, num_gpu_blocks=400)
     result = run_simulation(config)
     steps = result.steps[result.steps["kind"] == "decode"]
     requests = result.requests
@@ -332,24 +332,24 @@ def test_a_tree_run_verifies_nodes_and_accepts_at_most_its_depth():
     per_step = result.summary["mean_acceptance_length"]
     assert 1.0 < per_step <= 5.0
     tree = TreeShape.parse(VLLM_TREE)
-    want = expected_accepted(tree, rank_table((0.8,), config.acceptance_ranks)) + 1
+    want = expected_accepted(tree, rank_table((0.8,), config.speculative.acceptance_ranks)) + 1
     assert per_step == pytest.approx(want, rel=0.05)
 
 
 # -- configuration and the command line ------------------------------------------------------------------------------
 @pytest.mark.parametrize("fields, problem", [
-    (dict(speculative_token_tree="[(0,), (1,)]", k=3), "k=3 is more than the token tree's 2 nodes"),
+    (dict(speculative_token_tree="[(0,), (1,)]", k=3), "--k 3 is more than the token tree's 2 nodes"),
     (dict(speculative_token_tree="[(0,), (1,)]", k=2, **SGLANG), "give the tree once"),
-    (dict(speculative_num_steps=3, k=2), "needs all of speculative_num_steps, speculative_eagle_topk"),
+    (dict(speculative_num_steps=3, k=2), "needs all of --speculative-num-steps, --speculative-eagle-topk"),
     (dict(speculative_token_tree="[(0,), (1,)]", k=2, proposer="ngram"), "a token tree needs a model proposer"),
     (dict(acceptance_ranks=(0.7, 0.4), speculative_token_tree="[(0,), (1,)]", k=2), "must sum to at most 1"),
-    (dict(acceptance_ranks=(0.5,)), "acceptance_ranks are used only with a token tree"),
+    (dict(acceptance_ranks=(0.5,)), "acceptance_ranks\\) are used only with a token tree"),
     (dict(acceptance="by-rank"), "acceptance=by-rank needs --acceptance-by-rank FILE"),
     (dict(acceptance_by_rank="x.csv"), "is read only with acceptance=by-rank"),
 ])
 def test_a_tree_config_that_cannot_run_is_one_line(fields, problem):
     with pytest.raises(UserError, match=problem):
-        SimConfig(rate=1.0, num_requests=5, **fields)
+        SimConfig.of(rate=1.0, num_requests=5, **fields)
 
 
 def run_cli(capsys, *argv):
@@ -363,12 +363,12 @@ def test_the_command_line_takes_vllms_and_sglangs_tree_flags(capsys, tmp_path):
     code, _, err = run_cli(capsys, *common, "--speculative-token-tree", "[(0,), (1,), (0, 0)]", "--out",
                            str(tmp_path / "vllm"))
     assert code == 0, err
-    saved = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    saved = json.loads((tmp_path / "vllm" / "config.json").read_text())["speculative"]
     assert saved["k"] == 3 and saved["speculative_token_tree"] == "[(0,), (1,), (0, 0)]"  # k: the tree's size
     code, _, err = run_cli(capsys, *common, "--speculative-num-steps", "5", "--speculative-eagle-topk", "4",
                            "--speculative-num-draft-tokens", "8", "--k", "5", "--out", str(tmp_path / "sglang"))
     assert code == 0, err
-    assert json.loads((tmp_path / "sglang" / "config.json").read_text())["k"] == 5
+    assert json.loads((tmp_path / "sglang" / "config.json").read_text())["speculative"]["k"] == 5
     code, _, err = run_cli(capsys, *common, "--speculative-token-tree", "[(0,), (2, 0)]", "--out", str(tmp_path / "x"))
     assert code == 2 and err.strip().count("\n") == 0 and "path (2, 0) has no parent (2,)" in err
 
@@ -380,7 +380,7 @@ def test_a_measured_rank_table_selects_the_by_rank_model(capsys, tmp_path):
                            "--policy", "fixed-k", "--speculative-token-tree", VLLM_TREE, "--acceptance-by-rank",
                            str(table), "--out", str(tmp_path / "o"))
     assert code == 0, err
-    saved = json.loads((tmp_path / "o" / "config.json").read_text())
+    saved = json.loads((tmp_path / "o" / "config.json").read_text())["speculative"]
     assert saved["acceptance"] == "by-rank" and saved["k"] == 8
 
 
@@ -463,7 +463,7 @@ def test_a_trees_first_pass_is_priced_at_the_drafts_catch_up_as_a_chains():
                          rng.integers(1, 5, batch).tolist())
         assert predict_tree_seconds(cost, ctx, [TreeShape.chain(k) for k in ks], True,
                                     [g for g, k in zip(lags, ks) if k]) == catchup_step_seconds(cost, ctx, ks, lags)
-    config = SimConfig(**BASE, policy="fixed-k", k=8, speculative_token_tree=VLLM_TREE)
+    config = SimConfig.of(**BASE, policy="fixed-k", k=8, speculative_token_tree=VLLM_TREE)
     caught_up, plain = run_simulation(config, cost=cost), run_simulation(config, cost=base)
     assert caught_up.summary["mean_latency"] != plain.summary["mean_latency"]
     assert caught_up.recorder.finished == plain.recorder.finished == 150

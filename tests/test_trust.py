@@ -83,7 +83,7 @@ def test_a_profile_csv_key_covers_its_metadata(tmp_path):
     csv = tmp_path / "p.csv"
     csv.write_text("x")
     meta = tmp_path / "p.meta.json"
-    config = SimConfig(rate=1.0, num_requests=5, profile=str(csv))
+    config = SimConfig.of(rate=1.0, num_requests=5, profile=str(csv))
     keys = [sweep_module.cell_key(config)]
     meta.write_text("{}")
     keys.append(sweep_module.cell_key(config))
@@ -119,7 +119,7 @@ def test_a_rerun_killed_mid_write_leaves_no_old_summary(tmp_path, capsys, monkey
     monkeypatch.setattr(runner, "write_csv", killed)
     assert main(simulate_argv(profile, out, 20, "csv")) == 130
     assert not (out / "summary.json").exists()  # visibly incomplete, not the old run's summary beside new files
-    assert json.loads((out / "config.json").read_text())["num_requests"] == 20
+    assert json.loads((out / "config.json").read_text())["workload"]["num_requests"] == 20
     assert not any(p.name.endswith(".tmp") for p in out.iterdir())
 
 
@@ -167,20 +167,20 @@ def test_no_config_field_and_measured_figure_share_a_column(tmp_path, capsys):
 # -- 5. metrics --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("policy", ["fixed-k", "goodput"])
 def test_accepted_tokens_never_exceed_the_tokens_emitted(tmp_path, policy):
-    config = SimConfig(profile=write_cost_json(tmp_path / "p.json"), rate=4.0, num_requests=400, k=8,
-                       policy=policy, acceptance_rate=0.95, length_dist="lognormal", output_len=6, length_sigma=1.0,
-                       num_gpu_blocks=100_000)
+    config = SimConfig.of(profile=write_cost_json(tmp_path / "p.json"), rate=4.0, num_requests=400, k=8,
+                          policy=policy, acceptance_rate=0.95, length_dist="lognormal", output_len=6, length_sigma=1.0,
+                          num_gpu_blocks=100_000)
     result = run_simulation(config)
     r = result.requests
     assert (r["accepted_tokens"] <= r["output_tokens"] - 1).all()
     assert (r["accepted_tokens"] <= r["proposed_tokens"]).all()
-    assert 1 <= result.summary["mean_acceptance_length"] <= config.k + 1
-    assert result.summary["accepted_tokens"] <= result.summary["output_tokens"] - config.num_requests
+    assert 1 <= result.summary["mean_acceptance_length"] <= config.speculative.k + 1
+    assert result.summary["accepted_tokens"] <= result.summary["output_tokens"] - config.workload.num_requests
 
 
 def test_acceptance_length_is_emitted_tokens_per_speculative_step(tmp_path):
-    config = SimConfig(profile=write_cost_json(tmp_path / "p.json"), rate=1.0, num_requests=50, k=4,
-                       policy="fixed-k", acceptance_rate=1.0, output_len=3, num_gpu_blocks=100_000, save_steps=True)
+    config = SimConfig.of(profile=write_cost_json(tmp_path / "p.json"), rate=1.0, num_requests=50, k=4,
+                          policy="fixed-k", acceptance_rate=1.0, output_len=3, num_gpu_blocks=100_000, save_steps=True)
     result = run_simulation(config)
     steps = result.steps[result.steps["proposed"] > 0]
     assert result.summary["mean_acceptance_length"] == steps["emitted"].sum() / steps["batch_size"].sum() == 2.0
@@ -189,8 +189,8 @@ def test_acceptance_length_is_emitted_tokens_per_speculative_step(tmp_path):
 
 def test_on_the_azure_conversation_trace_accepted_tokens_fit_the_outputs(tmp_path):
     trace = AZURE_CONV
-    config = SimConfig(profile=write_cost_json(tmp_path / "p.json"), arrival="trace", trace=str(trace),
-                       num_requests=3000, k=5, policy="fixed-k", acceptance_rate=0.9, num_gpu_blocks=1_000_000)
+    config = SimConfig.of(profile=write_cost_json(tmp_path / "p.json"), arrival="trace", trace=str(trace),
+                          num_requests=3000, k=5, policy="fixed-k", acceptance_rate=0.9, num_gpu_blocks=1_000_000)
     r = run_simulation(config).requests
     assert (r["accepted_tokens"] <= r["output_tokens"] - 1).all()
 
@@ -219,28 +219,28 @@ def test_a_request_that_can_never_fit_is_ignored_and_reported(tmp_path, capsys):
 
 
 def test_ignoring_nothing_changes_nothing(tmp_path):
-    config = SimConfig(profile=write_cost_json(tmp_path / "p.json"), rate=4.0, num_requests=100, policy="fixed-k",
-                       num_gpu_blocks=5000)
+    config = SimConfig.of(profile=write_cost_json(tmp_path / "p.json"), rate=4.0, num_requests=100, policy="fixed-k",
+                          num_gpu_blocks=5000)
     a, b = run_simulation(config), run_simulation(config.replace(strict_fit=True))
     pd.testing.assert_frame_equal(a.requests, b.requests)
 
 
 def test_the_mooncake_trace_with_4096_blocks_serves_what_fits(tmp_path):
-    config = SimConfig(profile=write_cost_json(tmp_path / "p.json"), arrival="trace",
-                       trace=str(MOONCAKE_PLAIN), num_requests=1500, num_gpu_blocks=4096,
-                       max_num_seqs=64)
+    config = SimConfig.of(profile=write_cost_json(tmp_path / "p.json"), arrival="trace",
+                          trace=str(MOONCAKE_PLAIN), num_requests=1500, num_gpu_blocks=4096,
+                          max_num_seqs=64)
     result = run_simulation(config)
     s = result.summary
     assert 0 < s["ignored_requests"] < s["requests"]
     r = result.requests
-    need = -(-(r["prompt_tokens"] + r["output_tokens"] + 1) // config.block_size)
+    need = -(-(r["prompt_tokens"] + r["output_tokens"] + 1) // config.engine.block_size)
     assert (r["ignored"] == (need > 4096)).all()
 
 
 # -- 8. processes and files --------------------------------------------------------------------------------------
 @pytest.mark.parametrize("content", ["", "{", "[]", '{"cell_key": "other"}'])
 def test_an_empty_or_corrupt_runs_file_is_run_again(tmp_path, content):
-    base = SimConfig(profile=write_cost_json(tmp_path / "p.json"), rate=1.0, num_requests=10, num_gpu_blocks=5000)
+    base = SimConfig.of(profile=write_cost_json(tmp_path / "p.json"), rate=1.0, num_requests=10, num_gpu_blocks=5000)
     cells = build_cells(base, [1.0, 2.0], ["no-spec"], [0])
     first = run_sweep(cells, tmp_path / "o", LocalExecutor(1))
     (tmp_path / "o" / "runs" / f"{cells[0].key}.json").write_text(content)

@@ -7,7 +7,6 @@ STEP = 0.01 s whatever the batch (nothing else costs anything), requests of a 16
 the run's event log (arrival, first-token and finish times of each request, the steps' seconds)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -45,7 +44,8 @@ def run(profile: str, arrivals, outputs, prompt: int = 16, **fields):
     workload = Workload(arrival_time=np.asarray(arrivals, dtype=float), prompt_tokens=np.full(len(arrivals), prompt),
                         output_tokens=np.asarray(outputs), source="test")
     fields.setdefault("num_gpu_blocks", 1000)
-    return run_simulation(SimConfig(profile=profile, rate=1.0, num_requests=len(arrivals), **fields), workload=workload)
+    return run_simulation(SimConfig.of(profile=profile, rate=1.0, num_requests=len(arrivals), **fields),
+                          workload=workload)
 
 
 def log(result, column: str) -> list:
@@ -107,15 +107,15 @@ def test_a_request_arriving_mid_chunk_is_admitted_at_the_chunk_boundary(profile)
 @pytest.mark.parametrize("fields, message", [
     ({"num_scheduler_steps": 4, "scheduler": "chunked-prefill"}, "needs scheduler=prefill-first"),
     ({"num_scheduler_steps": 4, "policy": "fixed-k", "k": 3}, "runs without speculation"),
-    ({"num_scheduler_steps": 65}, "num_scheduler_steps must be in [1, 64]"),
-    ({"cuda_graph_sizes": (1, 4, 2)}, "cuda_graph_sizes must be increasing without repeats"),
-    ({"cuda_graph_sizes": (1, 2, 2)}, "cuda_graph_sizes must be increasing without repeats"),
-    ({"cuda_graph_sizes": (0, 1)}, "cuda_graph_sizes must be whole numbers >= 1"),
-    ({"max_concurrency": 0}, "max_concurrency must be > 0"),
+    ({"num_scheduler_steps": 65}, "--num-scheduler-steps (num_scheduler_steps) must be in [1, 64]"),
+    ({"cuda_graph_sizes": (1, 4, 2)}, "--cuda-graph-sizes (cuda_graph_sizes) must be increasing without repeats"),
+    ({"cuda_graph_sizes": (1, 2, 2)}, "--cuda-graph-sizes (cuda_graph_sizes) must be increasing without repeats"),
+    ({"cuda_graph_sizes": (0, 1)}, "--cuda-graph-sizes (cuda_graph_sizes) must be whole numbers >= 1"),
+    ({"max_concurrency": 0}, "--max-concurrency (max_concurrency) must be > 0"),
 ])
 def test_the_config_refuses_what_vllm_refuses_in_one_line(fields, message):
     with pytest.raises(UserError) as refused:
-        SimConfig(rate=1.0, num_requests=1, **fields)
+        SimConfig.of(rate=1.0, num_requests=1, **fields)
     assert message in str(refused.value)
     assert "\n" not in str(refused.value)
 
@@ -191,16 +191,17 @@ def test_each_behaviour_switched_off_serves_exactly_as_before(profile, off, on):
 # --- the defaults: the demo's engine is untouched ------------------------------------------------------------------
 
 def test_the_new_fields_are_off_by_default():
-    config = SimConfig(rate=1.0, num_requests=1)
-    assert (config.num_scheduler_steps, config.cuda_graph_sizes, config.max_concurrency) == (1, (), None)
+    config = SimConfig.of(rate=1.0, num_requests=1)
+    assert (config.engine.num_scheduler_steps, config.engine.cuda_graph_sizes, config.workload.max_concurrency) == (
+        1, (), None)
 
 
 @pytest.mark.parametrize("policy", ["no-spec", "fixed-k"])
 def test_the_demo_serves_as_before_with_the_new_fields_set_to_off(policy):
     from simulator.studies.demo import demo_config
 
-    base = dataclasses.replace(demo_config(), num_requests=60, rate=4.0, policy=policy, k=3)
-    off = dataclasses.replace(base, num_scheduler_steps=1, cuda_graph_sizes=(), max_concurrency=None)
+    base = demo_config().replace(num_requests=60, rate=4.0, policy=policy, k=3)
+    off = base.replace(num_scheduler_steps=1, cuda_graph_sizes=(), max_concurrency=None)
     assert_same_run(run_simulation(base), run_simulation(off))
 
 
@@ -214,6 +215,6 @@ def test_vllms_enable_chunked_prefill_flag_is_the_v1_scheduler(tmp_path):
     out = tmp_path / "run"
     assert run_sim.main(["simulate", "--rate", "2", "--num-requests", "5", "--enable-chunked-prefill",
                          "--out", str(out)]) == 0
-    assert json.loads((out / "config.json").read_text())["scheduler"] == "chunked-prefill"
+    assert json.loads((out / "config.json").read_text())["engine"]["scheduler"] == "chunked-prefill"
     assert run_sim.main(["simulate", "--rate", "2", "--num-requests", "5", "--enable-chunked-prefill",
                          "--scheduler", "prefill-first", "--out", str(tmp_path / "bad")]) == 2

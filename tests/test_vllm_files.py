@@ -196,7 +196,7 @@ def test_the_result_max_concurrency_is_the_replay_config(tmp_path, capsys):
     path = result_file(tmp_path / "r.json", max_concurrency=2)
     code, out, err = run(capsys, "compare", path, "--out", tmp_path / "c")
     assert code == 0, err
-    assert json.loads((tmp_path / "c" / "config.json").read_text())["max_concurrency"] == 2
+    assert json.loads((tmp_path / "c" / "config.json").read_text())["workload"]["max_concurrency"] == 2
     assert "max concurrency 2" in out
 
 

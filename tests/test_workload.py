@@ -15,12 +15,12 @@ from simulator.inputs import SHAREGPT_STATS as SHAREGPT
 
 def build(seed: int = 0, **fields) -> Workload:
     fields = {"rate": 4.0, "num_requests": 1000, **fields}
-    return build_workload(SimConfig(**fields), np.random.default_rng(seed), np.random.default_rng(seed + 1))
+    return build_workload(SimConfig.of(**fields).workload, np.random.default_rng(seed), np.random.default_rng(seed + 1))
 
 
 def replay(trace: Path | str, **fields) -> Workload:
     fields = {"rate": None, "num_requests": None, **fields}
-    return build_workload(SimConfig(arrival="trace", trace=str(trace), **fields), None, None)
+    return build_workload(SimConfig.of(arrival="trace", trace=str(trace), **fields).workload, None, None)
 
 
 def write(path: Path, text: str) -> str:

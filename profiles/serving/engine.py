@@ -123,22 +123,24 @@ class EngineConfig:
     """
 
     max_num_seqs: int = 8
-    """At most this many running requests (``SimConfig.max_num_seqs``)."""
+    """At most this many running requests (``SimConfig.engine.max_num_seqs``)."""
     max_num_batched_tokens: int = 2048
-    """Prompt tokens one prefill step may take, a longer prompt prefilled alone (``SimConfig.max_num_batched_tokens``)."""
+    """Prompt tokens one prefill step may take, a longer prompt prefilled alone
+    (``SimConfig.engine.max_num_batched_tokens``)."""
     max_k: int = 4
-    """Bound on any request's proposal length, the policy's k (``SimConfig.k``)."""
+    """Bound on any request's proposal length, the policy's k (``SimConfig.speculative.k``)."""
     proposer: str = "draft"
-    """``draft`` (a draft model or head) or ``ngram`` (prompt lookup) (``SimConfig.proposer``)."""
+    """``draft`` (a draft model or head) or ``ngram`` (prompt lookup) (``SimConfig.speculative.proposer``)."""
     speculative_method: str | None = None
-    """vLLM's method (``SimConfig.speculative_method``; SGLang's names mapped): ``draft_model`` (the draft model),
-    ``eagle`` (an EAGLE head, :mod:`profiles.serving.eagle`) or ``ngram``; None: as ``proposer`` says."""
+    """vLLM's method (``SimConfig.speculative.speculative_method``; SGLang's names mapped): ``draft_model`` (the draft
+    model), ``eagle`` (an EAGLE head, :mod:`profiles.serving.eagle`) or ``ngram``; None: as ``proposer`` says."""
     tree: TreeFamily | None = None
     """The token tree (:class:`policies.tree.TreeFamily`, as :func:`simulator.inputs.acceptance.tree_family` builds it
     from a simulation's config): a policy's k verifies ``tree.shape(k)``, k at most its nodes. None: chains of k. A
     chain family runs the chain code path."""
     block_size: int = 16
-    """Tokens per KV block, only to report ``kv_blocks_used`` as the simulator does (``SimConfig.block_size``)."""
+    """Tokens per KV block, only to report ``kv_blocks_used`` as the simulator does
+    (``SimConfig.engine.block_size``)."""
     temperature: float = 0.0
     """0: greedy; > 0: sampling from softmax(logits / temperature) with the rejection rule."""
     ngram_min: int = 1
@@ -182,22 +184,23 @@ class EngineConfig:
     def method(self) -> str:
         """vLLM's name of the speculative method: ``speculative_method``, or ``proposer``'s."""
         config = self.serving_config()
-        return config.speculative_method or ("ngram" if config.proposer == "ngram" else "draft_model")
+        return config.speculative.proposer_method
 
     def serving_config(self, **fields: Any) -> SimConfig:
         """A simulator config with this engine's serving fields (and ``fields``)."""
-        return SimConfig(**{"arrival": "poisson", "rate": 1.0, "num_requests": 1, **fields,
-                            "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
-                            "k": self.max_k, "proposer": self.proposer, "block_size": self.block_size,
-                            "speculative_method": self.speculative_method})
+        return SimConfig.of(**{"arrival": "poisson", "rate": 1.0, "num_requests": 1, **fields,
+                               "max_num_seqs": self.max_num_seqs, "max_num_batched_tokens": self.max_num_batched_tokens,
+                               "k": self.max_k, "proposer": self.proposer, "block_size": self.block_size,
+                               "speculative_method": self.speculative_method})
 
     @classmethod
     def from_sim_config(cls, config: SimConfig, **engine_only: Any) -> "EngineConfig":
         """The engine's settings for what ``config`` simulates (its serving fields, its method and token tree) and
         ``engine_only`` fields."""
-        return cls(max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-                   max_k=config.k, proposer=config.proposer, block_size=config.block_size,
-                   speculative_method=config.speculative_method, tree=tree_family(config), **engine_only)
+        engine, spec = config.engine, config.speculative
+        return cls(max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
+                   max_k=spec.k, proposer=spec.proposer, block_size=engine.block_size,
+                   speculative_method=spec.speculative_method, tree=tree_family(spec), **engine_only)
 
 
 @dataclass(frozen=True)

@@ -117,12 +117,12 @@ def timing_floor(config: typing.Any, workload: typing.Any, sigma: float, metrics
     """Per figure of ``metrics``: the median over ``draws`` of |jittered / plain - 1|, where plain is the
     simulation of ``config`` on ``workload`` (step by step, as validate compares it; ``plain``: its summary, where
     the caller has run it already) and jittered the same with its passes priced by :class:`JitteredCost` (the model
-    of ``config.profile``; ``sigma``, the real run's :func:`pass_scatter`). ``config.policy_profile`` should be
-    set, so that the policy prices its choices without the jitter, as the real engine's policy does."""
+    of ``config.cost.profile``; ``sigma``, the real run's :func:`pass_scatter`). ``config.cost.policy_profile``
+    should be set, so that the policy prices its choices without the jitter, as the real engine's policy does."""
     from simulator.core.runner import run_simulation
     from simulator.costs.cost_model import load_cost_model
 
-    cost = load_cost_model(config.profile, config.fitter)
+    cost = load_cost_model(config.cost.profile, config.cost.fitter)
     if plain is None:
         plain = run_simulation(config, workload=workload, step_by_step=True).summary
     differences = {metric: [] for metric in metrics}

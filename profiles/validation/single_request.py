@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     from profiles.validation.validate import prompt_pool
     from simulator.results import write_csv
 
-    parser = argparse.ArgumentParser(prog="python -m profiles.validation.single_request",
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="python -m profiles.validation.single_request",
                                      description="One request at a time: target alone versus speculative, measured "
                                                  "and predicted.")
     parser.add_argument("--pair", default="tiny", help="smollm2, tiny or TARGET+DRAFT model configs (default tiny)")

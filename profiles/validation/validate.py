@@ -70,7 +70,7 @@ import pandas as pd
 
 from profiles.models.pairs import PAIRS, ModelPair
 from profiles.validation.noise_floor import pass_scatter, step_pass_seconds, timing_floor
-from policies.errors import UserError
+from policies.errors import FlagParser, UserError
 from policies.tree import TreeShape
 from simulator.costs.profile_table import meta_path, read_json
 
@@ -325,7 +325,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
         on the acceptance stream of the simulation of ``seed``: the real run and the simulation of ``settings.seed``
         draw the same accept/reject decisions on the same batches (common random numbers), so that their difference
         is the timing's, not sampling's."""
-        return None if settings.twin is None else make_acceptance(config, random_streams(seed)[2])
+        return None if settings.twin is None else make_acceptance(config.speculative, random_streams(seed)[2])
     scratch = tempfile.TemporaryDirectory(prefix="specsim-validate-")
     specs = [parse_policy_spec(tree_spec(s)[0]) for s in settings.policies]
     rows, parts, real, decisions, probes = [], [], {}, [], []
@@ -593,11 +593,11 @@ def simulation_config(workload: typing.Any, policy: str, k: int, params: tuple[t
         if twin is None:
             acceptance = {"acceptance": "by-rank", "acceptance_by_rank": str(acceptance_by_rank),
                           "speculative_token_tree": token_tree}
-    return SimConfig(arrival="poisson", rate=rate, num_requests=len(workload), policy=policy, k=k,
-                     policy_params=tuple(params), profile=str(profile),
-                     policy_profile=None if policy_profile is None else str(policy_profile), fitter=fitter,
-                     max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-                     num_gpu_blocks=UNLIMITED_BLOCKS, **acceptance)
+    return SimConfig.of(arrival="poisson", rate=rate, num_requests=len(workload), policy=policy, k=k,
+                        policy_params=tuple(params), profile=str(profile),
+                        policy_profile=None if policy_profile is None else str(policy_profile), fitter=fitter,
+                        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                        num_gpu_blocks=UNLIMITED_BLOCKS, **acceptance)
 
 
 def scaled_profile(table: typing.Any, factor: float, path: Path) -> str:
@@ -739,14 +739,9 @@ def _floats(flag: str, text: str) -> tuple[float, ...]:
         raise UserError(f"{flag}: expected comma-separated numbers (got {text!r})") from None
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> typing.NoReturn:
-        raise UserError(f"{self.prog}: {message}")
-
-
-def build_parser() -> _Parser:
+def build_parser() -> FlagParser:
     d = ValidateSettings
-    p = _Parser(prog="run_sim.py validate", description=__doc__.splitlines()[0])
+    p = FlagParser(prog="run_sim.py validate", description=__doc__.splitlines()[0])
     p.add_argument("--pair", default=d.pair, help=f"models: {', '.join(PAIRS)}")
     p.add_argument("--draft-path", help="folder of the draft (default: the shipped profiles/data/smollm2-draft)")
     p.add_argument("--rates", default=",".join(f"{r:g}" for r in d.rates), help="request rates, req/s")

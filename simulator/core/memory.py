@@ -25,21 +25,21 @@ MAX_BLOCKS = 1e12
 
 def num_gpu_blocks(config: SimConfig, cost_model: CostModel, speculative: bool) -> int:
     """KV-cache blocks for ``config``: its ``num_gpu_blocks`` if set, else derived from the memory budget."""
-    if config.num_gpu_blocks is not None:
-        return config.num_gpu_blocks
+    if config.engine.num_gpu_blocks is not None:
+        return config.engine.num_gpu_blocks
     mem = cost_model.memory
     if mem is None:
         raise UserError(f"--profile {cost_model.path}: has no memory figures to derive the KV cache from; "
                         "give --num-gpu-blocks")
-    device_gb = config.gpu_memory_gb if config.gpu_memory_gb is not None else mem.device_memory_gb
-    with_draft = speculative and config.proposer == "draft"
+    device_gb = config.engine.gpu_memory_gb if config.engine.gpu_memory_gb is not None else mem.device_memory_gb
+    with_draft = speculative and config.speculative.proposer == "draft"
     weights_gb = mem.target_weight_gb + (mem.draft_weight_gb if with_draft else 0.0)
     kv_bytes = mem.target_kv_bytes_per_token + (mem.draft_kv_bytes_per_token if with_draft else 0.0)
     if not (math.isfinite(kv_bytes) and kv_bytes > 0):
         raise UserError(f"--profile {cost_model.path}: memory: KV bytes per token must be > 0 to derive the KV "
                         f"cache (got {kv_bytes:g}); fix the profile's memory figures or give --num-gpu-blocks")
-    free_gb = device_gb * config.gpu_memory_utilization - weights_gb - config.activation_reserve_gb
-    blocks = free_gb * GIB // (config.block_size * kv_bytes)
+    free_gb = device_gb * config.engine.gpu_memory_utilization - weights_gb - config.engine.activation_reserve_gb
+    blocks = free_gb * GIB // (config.engine.block_size * kv_bytes)
     if not math.isfinite(blocks) or blocks > MAX_BLOCKS:
         raise UserError(f"--profile {cost_model.path}: memory: {device_gb:g} GiB of device memory for "
                         f"{kv_bytes:g} KV bytes per token gives {blocks:g} KV blocks, more than {MAX_BLOCKS:g}; "
@@ -47,6 +47,6 @@ def num_gpu_blocks(config: SimConfig, cost_model: CostModel, speculative: bool) 
     blocks = int(blocks)
     if blocks <= 0:
         raise UserError(f"config: no memory left for the KV cache: {device_gb:g} GiB x "
-                        f"{config.gpu_memory_utilization:g} - {weights_gb:.2f} GiB weights - "
-                        f"{config.activation_reserve_gb:g} GiB reserve = {free_gb:.2f} GiB")
+                        f"{config.engine.gpu_memory_utilization:g} - {weights_gb:.2f} GiB weights - "
+                        f"{config.engine.activation_reserve_gb:g} GiB reserve = {free_gb:.2f} GiB")
     return blocks

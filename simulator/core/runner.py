@@ -1,6 +1,6 @@
 """One simulation run: build every part from a :class:`SimConfig`, run SimPy, collect the results.
 
-Random streams: one ``numpy.random.SeedSequence(config.seed)`` spawns, in this fixed order, the
+Random streams: one ``numpy.random.SeedSequence(config.run.seed)`` spawns, in this fixed order, the
 generators for arrivals, lengths, acceptance and the n-gram lookup, so adding a stream never shifts
 the others and the same config gives the same results bit for bit. A fleet's router (``replicas > 1``) draws from a
 fifth child (:func:`simulator.fleet.fleet.router_stream`), which leaves these four unchanged.
@@ -52,7 +52,7 @@ class SimResult:
 
     @functools.cached_property
     def replicas(self) -> pd.DataFrame | None:
-        """One row per replica of a fleet (``config.replicas`` > 1), ``None`` for one engine."""
+        """One row per replica of a fleet (``config.fleet.replicas`` > 1), ``None`` for one engine."""
         if not self.replica_rows:
             return None
         import pandas as pd
@@ -67,12 +67,12 @@ class SimResult:
     @functools.cached_property
     def steps(self) -> pd.DataFrame | None:
         """One row per engine step, ``None`` unless the config's ``save_steps``."""
-        return self.recorder.steps_frame() if self.config.save_steps else None
+        return self.recorder.steps_frame() if self.config.run.save_steps else None
 
 
 def is_speculative(config: SimConfig) -> bool:
     """Whether the policy may ever propose tokens (then the draft model's memory and prefill count)."""
-    return protocol.is_speculative(config.policy, config.k)
+    return protocol.is_speculative(config.speculative.policy, config.speculative.k)
 
 
 def profile_method(path: str, method: str) -> str:
@@ -94,18 +94,18 @@ def check_costs(config: SimConfig, cost: Any, flag: str, speculative: bool) -> N
     finite, negative or longer than :data:`MAX_STEP_SECONDS` (coefficients such as 1e308)."""
     from policies.step_time import predict_step_seconds
 
-    draft = speculative and config.proposer == "draft" and cost.has("draft", "decode")
-    k = config.k if speculative else 0
-    batch = min(config.max_num_seqs, 1024)
-    longest = min(config.max_prompt_len + config.max_output_len, 10 ** 7)
+    draft = speculative and config.speculative.proposer == "draft" and cost.has("draft", "decode")
+    k = config.speculative.k if speculative else 0
+    batch = min(config.engine.max_num_seqs, 1024)
+    longest = min(config.workload.max_prompt_len + config.workload.max_output_len, 10 ** 7)
     with warnings.catch_warnings():  # probing past a measured grid is not the run's own extrapolation
         warnings.simplefilter("ignore")
         probes = {
             "a decode step of one request": predict_step_seconds(cost, [1], [0], False),
             f"a decode step of {batch} requests of {longest} tokens with k={k}":
                 predict_step_seconds(cost, [longest] * batch, [k] * batch, draft),
-            f"a prefill of {config.max_num_batched_tokens} tokens":
-                cost.prefill_time(1, config.max_num_batched_tokens),
+            f"a prefill of {config.engine.max_num_batched_tokens} tokens":
+                cost.prefill_time(1, config.engine.max_num_batched_tokens),
             "a prefill of 1 token": cost.prefill_time(1, 1),
         }
     for what, seconds in probes.items():
@@ -136,19 +136,21 @@ class RunSetup:
     acceptance_rng: np.random.Generator
     ngram_rng: np.random.Generator
     watch: Watch | None
-    """The guard of ``config.policy_file`` (None without one): its calls are timed and its errors one line."""
+    """The guard of ``config.speculative.policy_file`` (None without one): its calls are timed and its errors one
+    line."""
     user_names: tuple[str, ...]
-    """The policies ``config.policy_file`` registered."""
+    """The policies ``config.speculative.policy_file`` registered."""
     wall: float
     """``time.perf_counter()`` when the run began."""
 
     def make_policy(self, config: SimConfig) -> Policy:
         """A fresh policy object of ``config`` (guarded when a user file defines it)."""
-        if self.watch is not None and config.policy in self.user_names:
+        spec = config.speculative
+        if self.watch is not None and spec.policy in self.user_names:
             with self.watch.armed():
-                return guarded(config.policy_file, lambda: make_policy(config.policy, config.k,
-                                                                       dict(config.policy_params)), self.watch)
-        return make_policy(config.policy, config.k, dict(config.policy_params))
+                return guarded(spec.policy_file, lambda: make_policy(spec.policy, spec.k, dict(spec.policy_params)),
+                               self.watch)
+        return make_policy(spec.policy, spec.k, dict(spec.policy_params))
 
     def run(self, env: simpy.Environment) -> None:
         """Run ``env`` to its end, with a user policy's calls guarded."""
@@ -162,42 +164,42 @@ class RunSetup:
 def setup_run(config: SimConfig, workload: Workload | None, step_by_step: bool, cost: CostModel | None) -> RunSetup:
     """The :class:`RunSetup` of ``config`` (:func:`run_simulation`'s arguments), its inputs checked."""
     wall = time.perf_counter()
-    arrival_rng, length_rng, acceptance_rng, ngram_rng = random_streams(config.seed)
+    arrival_rng, length_rng, acceptance_rng, ngram_rng = random_streams(config.run.seed)
     if workload is None:
-        workload = build_workload(config, arrival_rng, length_rng)
-    cost = with_cuda_graphs(load_cost_model(config.profile, config.fitter) if cost is None else cost,
-                            config.cuda_graph_sizes)
-    policy_cost = cost if config.policy_profile is None else with_cuda_graphs(
-        load_cost_model(config.policy_profile, config.fitter), config.cuda_graph_sizes)
+        workload = build_workload(config.workload, arrival_rng, length_rng)
+    cost = with_cuda_graphs(load_cost_model(config.cost.profile, config.cost.fitter) if cost is None else cost,
+                            config.engine.cuda_graph_sizes)
+    policy_cost = cost if config.cost.policy_profile is None else with_cuda_graphs(
+        load_cost_model(config.cost.policy_profile, config.cost.fitter), config.engine.cuda_graph_sizes)
     speculative = is_speculative(config)
-    if speculative and config.proposer == "draft" and not cost.has("draft", "decode"):
-        raise UserError(f"--profile {config.profile}: has no draft decode costs; a draft-model proposer needs them "
-                        "(use --proposer ngram or a profile with a draft)")
+    if speculative and config.speculative.proposer == "draft" and not cost.has("draft", "decode"):
+        raise UserError(f"--profile {config.cost.profile}: has no draft decode costs; a draft-model proposer needs "
+                        "them (use --proposer ngram or a profile with a draft)")
     if speculative:
-        check_draft_method(config.proposer_method, cost, "--profile")
+        check_draft_method(config.speculative.proposer_method, cost, "--profile")
     check_costs(config, cost, "--profile", speculative)
-    if config.policy_profile is not None:
+    if config.cost.policy_profile is not None:
         check_costs(config, policy_cost, "--policy-profile", speculative)
     watch, user_names = None, ()
-    if config.policy_file is not None:
-        watch = Watch(config.policy_file)
+    if config.speculative.policy_file is not None:
+        watch = Watch(config.speculative.policy_file)
         with watch.armed():
-            user_names = tuple(watch.call("importing it", load_policy_file, config.policy_file))
-    family = tree_family(config)
+            user_names = tuple(watch.call("importing it", load_policy_file, config.speculative.policy_file))
+    family = tree_family(config.speculative)
     spec = EngineSpec(
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        block_size=config.block_size,
+        max_num_seqs=config.engine.max_num_seqs,
+        max_num_batched_tokens=config.engine.max_num_batched_tokens,
+        block_size=config.engine.block_size,
         num_gpu_blocks=num_gpu_blocks(config, cost, speculative),
-        chunked_prefill=config.scheduler == "chunked-prefill",
-        max_k=config.k,
-        draft_proposer=config.proposer == "draft",
-        ngram_match_prob=config.ngram_match_prob,
+        chunked_prefill=config.engine.scheduler == "chunked-prefill",
+        max_k=config.speculative.k,
+        draft_proposer=config.speculative.proposer == "draft",
+        ngram_match_prob=config.speculative.ngram_match_prob,
         speculative=speculative,
-        strict_fit=config.strict_fit,
-        scheduler_steps=config.num_scheduler_steps,
-        max_concurrency=config.max_concurrency,
-        prefix_caching=config.enable_prefix_caching,
+        strict_fit=config.engine.strict_fit,
+        scheduler_steps=config.engine.num_scheduler_steps,
+        max_concurrency=config.workload.max_concurrency,
+        prefix_caching=config.engine.enable_prefix_caching,
         tree=None if family is None or family.is_chain else family,  # a chain tree runs today's chain path
         **({"run_steps": 1} if step_by_step else {}),
     )
@@ -211,14 +213,14 @@ def run_summary(config: SimConfig, setup: RunSetup, recorder: Recorder, columns:
     ignored = np.flatnonzero(recorder.ignored)
     if recorder.finished + ignored.size != len(setup.workload):
         raise RuntimeError(f"{len(setup.workload) - recorder.finished - ignored.size} requests never finished")
-    summary = summarize(columns, recorder.acceptance_length(), dict(config.goodput_slo))
+    summary = summarize(columns, recorder.acceptance_length(), dict(config.run.goodput_slo))
     summary.update({
         "ignored_requests": int(ignored.size),
         "ignored_request_ids": ignored.tolist(),
-        "policy": config.policy,
-        "k": config.k,
-        "profile": config.profile,
-        "profile_method": profile_method(config.profile, setup.cost.method),
+        "policy": config.speculative.policy,
+        "k": config.speculative.k,
+        "profile": config.cost.profile,
+        "profile_method": profile_method(config.cost.profile, setup.cost.method),
         "num_gpu_blocks": setup.spec.num_gpu_blocks,
         "steps": recorder.num_steps,
         "workload": setup.workload.source,
@@ -232,22 +234,23 @@ def run_summary(config: SimConfig, setup: RunSetup, recorder: Recorder, columns:
 
 def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_step: bool = False,
                    cost: CostModel | None = None) -> SimResult:
-    """Run one simulation of one engine (a fleet, ``config.replicas`` > 1, runs through :func:`simulator.fleet.run`).
-    ``workload`` overrides the one the config describes (e.g. the real engine's).
+    """Run one simulation of one engine (a fleet, ``config.fleet.replicas`` > 1, runs through
+    :func:`simulator.fleet.run`). ``workload`` overrides the one the config describes (e.g. the real engine's).
     ``step_by_step``: one SimPy event per decode step, no runs of steps (:mod:`simulator.core.runs`): a run draws
     its steps' acceptances before it knows where it ends, so the acceptance stream is consumed as a real engine
     consumes it only step by step (validate's common random numbers need that; the results are equally valid).
-    ``cost``: price the steps with this model instead of ``config.profile``'s (the policy too, unless
-    ``config.policy_profile`` is set; validate's timing-noise floor, :mod:`profiles.validation.noise_floor`)."""
-    if config.replicas > 1:  # the engine room serves one engine; a fleet is the room beside it
-        raise UserError(f"config: replicas={config.replicas} is a fleet: run it through simulator.fleet.run "
-                        "(simulate, sweep, tune, compare and bench do)")
+    ``cost``: price the steps with this model instead of ``config.cost.profile``'s (the policy too, unless
+    ``config.cost.policy_profile`` is set; validate's timing-noise floor, :mod:`profiles.validation.noise_floor`)."""
+    if config.fleet.replicas > 1:  # the engine room serves one engine; a fleet is the room beside it
+        raise UserError(f"config: replicas={config.fleet.replicas} is a fleet: run it through "
+                        "simulator.fleet.run (simulate, sweep, tune, compare and bench do)")
     setup = setup_run(config, workload, step_by_step, cost)
     workload = setup.workload
-    recorder = Recorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens, config.save_steps)
+    recorder = Recorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens,
+                        config.run.save_steps)
     env = simpy.Environment()
     engine = SimulatedEngine(env, setup.spec, workload, setup.cost, setup.make_policy(config), setup.policy_cost,
-                             make_acceptance(config, setup.acceptance_rng), setup.ngram_rng, recorder)
+                             make_acceptance(config.speculative, setup.acceptance_rng), setup.ngram_rng, recorder)
     engine.start()
     setup.run(env)
     summary = run_summary(config, setup, recorder, recorder.columns(), [engine.cache] if engine.cache else [])

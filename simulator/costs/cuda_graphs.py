@@ -71,5 +71,6 @@ class CudaGraphPadding(CostModel):
 
 
 def with_cuda_graphs(cost: CostModel, sizes: tuple[int, ...]) -> CostModel:
-    """``cost`` priced with CUDA-graph padding at ``sizes`` (``SimConfig.cuda_graph_sizes``); unchanged when empty."""
+    """``cost`` priced with CUDA-graph padding at ``sizes`` (``SimConfig.engine.cuda_graph_sizes``); unchanged when
+    empty."""
     return CudaGraphPadding(cost, sizes) if sizes else cost

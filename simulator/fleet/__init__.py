@@ -11,14 +11,14 @@ from typing import Any
 
 def run(config: Any, **options: Any) -> Any:
     """One run of ``config``: :func:`simulator.core.runner.run_simulation` for one engine, the fleet's
-    :func:`simulator.fleet.fleet.run_fleet` for ``config.replicas`` > 1, :func:`simulator.fleet.disagg.run_disagg` for
-    ``config.prefill_replicas`` and ``decode_replicas`` > 0 (the same options: ``workload``, ``step_by_step``,
-    ``cost``); a :class:`simulator.core.runner.SimResult` either way."""
-    if config.prefill_replicas > 0:
+    :func:`simulator.fleet.fleet.run_fleet` for ``config.fleet.replicas`` > 1,
+    :func:`simulator.fleet.disagg.run_disagg` for ``config.fleet.prefill_replicas`` and ``decode_replicas`` > 0 (the
+    same options: ``workload``, ``step_by_step``, ``cost``); a :class:`simulator.core.runner.SimResult` either way."""
+    if config.fleet.prefill_replicas > 0:
         from simulator.fleet.disagg import run_disagg
 
         return run_disagg(config, **options)
-    if config.replicas > 1:
+    if config.fleet.replicas > 1:
         from simulator.fleet.fleet import run_fleet
 
         return run_fleet(config, **options)

@@ -119,11 +119,12 @@ INSTANCE_COLUMNS = ["replica", "role", "requests", "finished", "steps", "busy", 
 
 
 def kv_link(config: SimConfig) -> KVLink:
-    """``config.kv_link``'s link with the ``kv_link_bandwidth`` (GB/s) and ``kv_link_latency`` (s) overrides."""
-    link = KV_LINKS[config.kv_link]
+    """``config.fleet.kv_link``'s link with the ``kv_link_bandwidth`` (GB/s) and ``kv_link_latency`` (s) overrides."""
+    fleet = config.fleet
+    link = KV_LINKS[fleet.kv_link]
     return dataclasses.replace(
-        link, bandwidth=link.bandwidth if config.kv_link_bandwidth is None else config.kv_link_bandwidth * GB,
-        latency=link.latency if config.kv_link_latency is None else config.kv_link_latency)
+        link, bandwidth=link.bandwidth if fleet.kv_link_bandwidth is None else fleet.kv_link_bandwidth * GB,
+        latency=link.latency if fleet.kv_link_latency is None else fleet.kv_link_latency)
 
 
 def kv_bytes_per_token(config: SimConfig, cost: CostModel) -> float:
@@ -133,7 +134,7 @@ def kv_bytes_per_token(config: SimConfig, cost: CostModel) -> float:
     if mem is None:
         raise UserError(f"--profile {cost.path}: has no memory figures (KV bytes per token) to size the KV transfers "
                         "of disaggregated serving")
-    with_draft = is_speculative(config) and config.proposer == "draft"
+    with_draft = is_speculative(config) and config.speculative.proposer == "draft"
     return mem.target_kv_bytes_per_token + (mem.draft_kv_bytes_per_token if with_draft else 0.0)
 
 
@@ -308,47 +309,50 @@ def transfer_summary(columns: dict[str, np.ndarray]) -> dict[str, float]:
 
 def run_disagg(config: SimConfig, workload: Workload | None = None, step_by_step: bool = False,
                cost: CostModel | None = None, link: KVLink | None = None) -> SimResult:
-    """:func:`simulator.core.runner.run_simulation` for ``config.prefill_replicas`` prefill and
-    ``config.decode_replicas`` decode instances (:func:`simulator.fleet.run` calls this when both are > 0), over the
-    same set-up (:func:`~simulator.core.runner.setup_run`) and summary (:func:`~simulator.core.runner.run_summary`).
+    """:func:`simulator.core.runner.run_simulation` for ``config.fleet.prefill_replicas`` prefill and
+    ``config.fleet.decode_replicas`` decode instances (:func:`simulator.fleet.run` calls this when both are > 0), over
+    the same set-up (:func:`~simulator.core.runner.setup_run`) and summary (:func:`~simulator.core.runner.run_summary`).
     ``link``: this link instead of the config's (tests: a free, infinitely fast one)."""
     setup = setup_run(config, workload, step_by_step, cost)
     if setup.cost.frontend_time() > 0:
-        raise UserError(f"--profile {config.profile}: a front end (frontend seconds per request) in front of "
+        raise UserError(f"--profile {config.cost.profile}: a front end (frontend seconds per request) in front of "
                         "disaggregated instances is not modelled")
     link = kv_link(config) if link is None else link
     per_token = kv_bytes_per_token(config, setup.cost)
-    tp = gpus_per_instance(config.profile)
+    tp = gpus_per_instance(config.cost.profile)
     workload = setup.workload
-    recorder = DisaggRecorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens, config.save_steps)
-    prefill_recs = [recorder.replica() for _ in range(config.prefill_replicas)]  # their rows: the prefill figures
-    decode_recs = [recorder.replica(keep_steps=config.save_steps) for _ in range(config.decode_replicas)]
+    recorder = DisaggRecorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens,
+                              config.run.save_steps)
+    prefill_recs = [recorder.replica() for _ in range(config.fleet.prefill_replicas)]  # their rows: the prefill figures
+    decode_recs = [recorder.replica(keep_steps=config.run.save_steps) for _ in range(config.fleet.decode_replicas)]
     env = simpy.Environment()
     decode_spec = dataclasses.replace(setup.spec, run_steps=1, prefix_caching=False)  # step by step: module docstring
     decode = []
     for j, rec in enumerate(decode_recs):  # each its own acceptance and n-gram streams, the first the run's own
-        accept_rng, ngram_rng = (setup.acceptance_rng, setup.ngram_rng) if j == 0 else replica_streams(config.seed, j)
+        accept_rng, ngram_rng = (setup.acceptance_rng, setup.ngram_rng) if j == 0 else \
+            replica_streams(config.run.seed, j)
         decode.append(SimulatedEngine(env, decode_spec, workload, setup.cost, setup.make_policy(config),
-                                      setup.policy_cost, make_acceptance(config, accept_rng), ngram_rng, rec))
+                                      setup.policy_cost, make_acceptance(config.speculative, accept_rng), ngram_rng,
+                                      rec))
     # prefill instances never decode: they are handed the first decode instance's models, and never draw from them
     prefill = [_Replica(env, setup.spec, workload, setup.cost, setup.make_policy(config), setup.policy_cost,
                         decode[0].acceptance, decode[0].ngram_rng, rec) for rec in prefill_recs]
     for engine in prefill + decode[1:]:  # one list: a request's count is kept by the instance that holds it
         engine.generated = decode[0].generated
-    rng = router_stream(config.seed)
-    system = Disaggregated(env, prefill, decode, make_router(config.prefill_router, rng),
-                           make_router(config.decode_router, rng), link, per_token, tp, workload, config.block_size,
-                           recorder)
+    rng = router_stream(config.run.seed)
+    system = Disaggregated(env, prefill, decode, make_router(config.fleet.prefill_router, rng),
+                           make_router(config.fleet.decode_router, rng), link, per_token, tp, workload,
+                           config.engine.block_size, recorder)
     system.start()
     setup.run(env)
     recorder.gather()
     columns = recorder.columns()
     summary = run_summary(config, setup, recorder, columns, [e.cache for e in prefill if e.cache is not None])
-    gpus = tp * (config.prefill_replicas + config.decode_replicas)
+    gpus = tp * (config.fleet.prefill_replicas + config.fleet.decode_replicas)
     goodput = summary.get("request_goodput")
     summary.update({
-        "prefill_replicas": config.prefill_replicas, "decode_replicas": config.decode_replicas,
-        "prefill_router": config.prefill_router, "decode_router": config.decode_router,
+        "prefill_replicas": config.fleet.prefill_replicas, "decode_replicas": config.fleet.decode_replicas,
+        "prefill_router": config.fleet.prefill_router, "decode_router": config.fleet.decode_router,
         "gpus": gpus, "goodput_per_gpu": goodput / gpus if goodput is not None else float("nan"),
         "kv_link": link.name, "kv_link_bandwidth_gbps": link.bandwidth / GB, "kv_link_latency_s": link.latency,
         "kv_bytes_per_token": per_token,

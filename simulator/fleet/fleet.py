@@ -1,11 +1,11 @@
 """A fleet: N replicas of the simulated engine behind a router, in one SimPy environment (issue 24, items 1 and 4).
 
-- **Replicas.** ``config.replicas`` :class:`simulator.core.engine.SimulatedEngine` s, identical (``profile``) or one per
-  entry of ``replica_profiles`` (a mixed fleet: each its own cost model and KV blocks; the list is kept sorted, so its
-  order changes nothing), each with its own scheduler, KV cache (its own prefix cache with ``enable_prefix_caching``),
-  policy object (an adaptive policy learns from its replica's steps only) and random streams of acceptance and n-gram
-  lookups (:func:`replica_streams`; the first replica's are the run's own, so a fleet of one is the single engine bit
-  for bit), all serving one workload with global request ids.
+- **Replicas.** ``config.fleet.replicas`` :class:`simulator.core.engine.SimulatedEngine` s, identical (``profile``) or
+  one per entry of ``replica_profiles`` (a mixed fleet: each its own cost model and KV blocks; the list is kept sorted,
+  so its order changes nothing), each with its own scheduler, KV cache (its own prefix cache with
+  ``enable_prefix_caching``), policy object (an adaptive policy learns from its replica's steps only) and random streams
+  of acceptance and n-gram lookups (:func:`replica_streams`; the first replica's are the run's own, so a fleet of one is
+  the single engine bit for bit), all serving one workload with global request ids.
 - **Dispatcher.** One SimPy process replays the workload's arrivals; at each it asks the router
   (:mod:`simulator.fleet.routers`, a view of the request and each replica's live state: outstanding requests and
   prefix cache, whose keys come from the workload's prompt ids or trace block hashes) and sends the request to that
@@ -500,13 +500,13 @@ def replica_parts(config: SimConfig, setup: RunSetup, step_by_step: bool,
     """Each replica's (profile, cost model, the policy's cost model, engine limits), in replica order: the run's own for
     identical replicas; for a mixed fleet each entry of ``replica_profiles``'s (:func:`resolve_profile`), set up as a
     run of that profile is (:func:`simulator.core.runner.setup_run`: its KV blocks from its memory)."""
-    if not config.replica_profiles:
-        return [(config.profile, setup.cost, setup.policy_cost, setup.spec)] * config.replicas
+    if not config.fleet.replica_profiles:
+        return [(config.cost.profile, setup.cost, setup.policy_cost, setup.spec)] * config.fleet.replicas
     if cost is not None:
         raise ValueError("run_fleet: a cost model given for every replica, and replica_profiles")
     parts: dict[str, tuple[CostModel, CostModel, EngineSpec]] = {}
     out = []
-    for entry in config.replica_profiles:
+    for entry in config.fleet.replica_profiles:
         path = resolve_profile(entry)
         if path not in parts:  # the policy file, already loaded, is not loaded again
             own = setup_run(config.replace(profile=path, replica_profiles=(), replicas=1, policy_file=None),
@@ -519,25 +519,27 @@ def replica_parts(config: SimConfig, setup: RunSetup, step_by_step: bool,
 def run_fleet(config: SimConfig, workload: Workload | None = None, step_by_step: bool = False,
               cost: CostModel | None = None, order: Sequence[int] | None = None,
               router: Router | None = None) -> SimResult:
-    """:func:`simulator.core.runner.run_simulation` for ``config.replicas`` replicas behind ``config.router``
-    (:func:`simulator.fleet.run` calls this for ``replicas > 1``; with 1 replica it gives the single engine's results),
-    over the same set-up (:func:`simulator.core.runner.setup_run`) and summary (:func:`~simulator.core.runner.run_summary`).
+    """:func:`simulator.core.runner.run_simulation` for ``config.fleet.replicas`` replicas behind
+    ``config.fleet.router`` (:func:`simulator.fleet.run` calls this for ``replicas > 1``; with 1 replica it gives the
+    single engine's results), over the same set-up (:func:`simulator.core.runner.setup_run`) and summary
+    (:func:`~simulator.core.runner.run_summary`).
     ``order`` (tests): replica ``order[j]`` is built as the ``j``-th (its profile, its random streams) and its process
-    starts ``j``-th; ``router``: use this router object instead of ``config.router``'s (tests)."""
+    starts ``j``-th; ``router``: use this router object instead of ``config.fleet.router``'s (tests)."""
     setup = setup_run(config, workload, step_by_step, cost)
-    if config.max_concurrency is not None:
+    if config.workload.max_concurrency is not None:
         raise UserError("--max-concurrency: a client's closed loop in front of a fleet is not modelled")
-    n = config.replicas
+    n = config.fleet.replicas
     order = list(range(n)) if order is None else list(order)
     if sorted(order) != list(range(n)):
         raise ValueError(f"run_fleet: order {order} is not a permutation of the {n} replicas")
     parts = replica_parts(config, setup, step_by_step, cost)
     workload = setup.workload
-    if config.router == "session" and router is None and workload.prompt_id is None:
+    if config.fleet.router == "session" and router is None and workload.prompt_id is None:
         warnings.warn("--router session: the workload has no session key (no prompt_id column; Mooncake's trace has "
                       "none): every request is routed round robin", stacklevel=2)
-    recorder = FleetRecorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens, config.save_steps)
-    recorders = [recorder.replica(keep_steps=config.save_steps) for _ in range(n)]
+    recorder = FleetRecorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens,
+                             config.run.save_steps)
+    recorders = [recorder.replica(keep_steps=config.run.save_steps) for _ in range(n)]
     env = simpy.Environment()
     times = workload.arrival_time
     horizon = n * float(times[-1] - times[0]) / (len(times) - 1) / 4 if len(times) > 1 else math.inf
@@ -545,17 +547,18 @@ def run_fleet(config: SimConfig, workload: Workload | None = None, step_by_step:
     profiles = [""] * n
     for j, i in enumerate(order):
         profiles[i], engine_cost, policy_cost, spec = parts[j]
-        accept_rng, ngram_rng = (setup.acceptance_rng, setup.ngram_rng) if j == 0 else replica_streams(config.seed, j)
+        accept_rng, ngram_rng = (setup.acceptance_rng, setup.ngram_rng) if j == 0 else \
+            replica_streams(config.run.seed, j)
         engine = _Replica(env, spec, workload, engine_cost, setup.make_policy(config), policy_cost,
-                          make_acceptance(config, accept_rng), ngram_rng, recorders[i])
+                          make_acceptance(config.speculative, accept_rng), ngram_rng, recorders[i])
         if j:  # one list for the fleet: a request's tokens are counted by the one replica that serves it
             engine.generated = engines[order[0]].generated
         engine.cuts = CUT_RUNS and type(engine.acceptance) in REWINDABLE and engine.tree is None
         engine.horizon = horizon
         engines[i] = engine
     if router is None:
-        router = make_router(config.router, router_stream(config.seed))
-    fleet = Fleet(env, engines, router, workload, config.block_size, recorders)
+        router = make_router(config.fleet.router, router_stream(config.run.seed))
+    fleet = Fleet(env, engines, router, workload, config.engine.block_size, recorders)
     recorder.ignored[:] = False  # each replica marked what it cannot hold; ignored: what none can
     recorder.ignored[sorted(fleet.unfit)] = True
     recorder.replica_of = fleet.replica_of
@@ -565,8 +568,8 @@ def run_fleet(config: SimConfig, workload: Workload | None = None, step_by_step:
     columns = recorder.columns()
     summary = run_summary(config, setup, recorder, columns, [e.cache for e in engines if e.cache is not None])
     rows = replica_rows(fleet, columns, profiles)
-    summary.update({"replicas": n, "router": config.router, **load_balance([r["requests"] for r in rows])})
-    if config.replica_profiles:  # one entry per profile of the (sorted) list, whatever the replicas' labels
+    summary.update({"replicas": n, "router": config.fleet.router, **load_balance([r["requests"] for r in rows])})
+    if config.fleet.replica_profiles:  # one entry per profile of the (sorted) list, whatever the replicas' labels
         methods = dict.fromkeys(profile_method(p, c.method) for p, c, _, _ in parts)
         summary.update(profile=",".join(p for p, _, _, _ in parts),
                        num_gpu_blocks=",".join(str(spec.num_gpu_blocks) for _, _, _, spec in parts),

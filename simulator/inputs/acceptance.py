@@ -9,7 +9,7 @@ The engine calls, once per decode step and for the whole batch, :meth:`Acceptanc
 :meth:`AcceptanceModel.start` when a request enters decoding and :meth:`AcceptanceModel.finish` when it
 leaves. Request ids are dense ints 0..N-1, so per-request state lives in arrays indexed by id.
 
-Models (``SimConfig.acceptance``):
+Models (``SpeculativeConfig.acceptance``):
 
 * ``constant``: every token accepted with probability ``acceptance_rate``, independently.
 * ``beta``: each request draws its own rate r ~ Beta(m c, (1 - m) c) at :meth:`start` (mean m =
@@ -36,7 +36,7 @@ token at depth d is the draft's rank-r candidate. Every model above gives the to
 depth (its rate, its Beta draw, the position's probability); the *rank model* spreads the rest over the other ranks:
 ``q[d][r] = (1 - a) g(r)`` for r >= 1, with g the conditional probabilities of ranks 1, 2, ... given a miss of rank
 0 (``acceptance_ranks``; their sum <= 1, the rest falls beyond every candidate). The default g is an assumption, not a
-measurement (see ``SimConfig.acceptance_ranks``); a measured table replaces it (``by-rank``).
+measurement (see ``SpeculativeConfig.acceptance_ranks``); a measured table replaces it (``by-rank``).
 :meth:`AcceptanceModel.draw_tree` draws the accepted length of a tree by inversion of its survival P(accepted >= d)
 (:func:`policies.tree.survival`), one uniform per request; ``replay`` walks the tree with its recorded bits instead (a
 one: the target's token is the draft's rank 0; after a zero, its rank is drawn from g), which on a chain is the
@@ -55,7 +55,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from simulator.config import SimConfig
+from simulator.config import SpeculativeConfig
 from simulator.inputs.csv_checks import finite_numbers, read_table, refuse_first, whole_numbers
 from policies.errors import UserError, require
 from policies.tree import (RankTable, TreeFamily, accepted_length, configured_tree, inversion_table, rank_table,
@@ -436,7 +436,7 @@ class ReplayAcceptance(AcceptanceModel):
         self._end[request_ids] = self._stream_end[stream]
 
 
-def make_acceptance(config: SimConfig, rng: np.random.Generator) -> AcceptanceModel:
+def make_acceptance(config: SpeculativeConfig, rng: np.random.Generator) -> AcceptanceModel:
     """The acceptance model ``config.acceptance`` with its parameters, drawing from ``rng``."""
     model: AcceptanceModel
     if config.acceptance == "constant":
@@ -446,16 +446,16 @@ def make_acceptance(config: SimConfig, rng: np.random.Generator) -> AcceptanceMo
     elif config.acceptance == "position":
         model = PositionAcceptance(config.acceptance_positions, config.k, rng)
     elif config.acceptance == "by-rank":
-        assert config.acceptance_by_rank is not None  # SimConfig validates
+        assert config.acceptance_by_rank is not None  # SpeculativeConfig validates
         model = ByRankAcceptance(read_rank_table(config.acceptance_by_rank), config.k, rng)
     else:
-        assert config.acceptance == "replay" and config.acceptance_trace is not None  # SimConfig validates
+        assert config.acceptance == "replay" and config.acceptance_trace is not None  # SpeculativeConfig validates
         model = ReplayAcceptance(read_acceptance_trace(config.acceptance_trace), rng)
     model.ranks = config.acceptance_ranks
     return model
 
 
-def tree_family(config: SimConfig) -> TreeFamily | None:
+def tree_family(config: SpeculativeConfig) -> TreeFamily | None:
     """The token tree configured (vLLM's ``speculative_token_tree`` or SGLang's steps, top-k and draft tokens) as a
     :class:`policies.tree.TreeFamily` ordered by the acceptance model's mean rank table; ``None`` without a tree."""
     if config.speculative_token_tree is None and config.speculative_num_steps is None:

@@ -2,12 +2,14 @@
 
 A :class:`Workload` is three aligned arrays, one entry per request: ``arrival_time`` (seconds from the
 start of the simulation, non-decreasing), ``prompt_tokens`` and ``output_tokens`` (both >= 1; the prefill
-pass emits the first output token). :func:`build_workload` makes one from a :class:`SimConfig`:
+pass emits the first output token). :func:`build_workload` makes one from a :class:`WorkloadConfig`
+(``config.workload``):
 
 * ``arrival=poisson``: exponential inter-arrival times with mean ``1/rate`` seconds.
 * ``arrival=gamma``: Gamma inter-arrival times with mean ``1/rate`` and coefficient of variation ``cv``
   (shape ``1/cv**2``, scale ``cv**2/rate``); ``cv=1`` is Poisson, ``cv>1`` bursty.
-  Synthetic arrivals start at the first gap (the first arrival is > 0). ``num_requests`` of them, cut at
+  Synthetic arrivals start at the first gap (the first arrival is > 0). ``rate`` inf: every request at 0 s
+  (``vllm bench serve --request-rate inf``; no draw is taken). ``num_requests`` of them, cut at
   ``duration`` (arrivals ``< duration`` kept) when that is set too, or as many as fall before ``duration``.
   Their lengths follow ``length_dist``: ``fixed`` (``prompt_len``, ``output_len``), ``file`` (rows of
   ``length_file`` drawn with replacement, prompt and output together so their correlation is kept) or
@@ -54,6 +56,7 @@ many requests at 0.0).
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +64,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from simulator.config import SimConfig
+from simulator.config import WorkloadConfig
 from simulator.inputs.csv_checks import Column, finite_numbers, read_table, refuse_first, show_cell, whole_numbers
 from policies.errors import UserError, require
 
@@ -192,26 +195,33 @@ class Workload:
 
 # --- building ----------------------------------------------------------------------------------------
 
-def build_workload(config: SimConfig, arrival_rng: np.random.Generator,
+def build_workload(config: WorkloadConfig, arrival_rng: np.random.Generator,
                    length_rng: np.random.Generator) -> Workload:
     """The workload ``config`` describes (see the module docstring). Traces use neither generator."""
     if config.arrival == "trace":
         return _replay(config)
     arrivals = _synthetic_arrivals(config, arrival_rng)
     prompt, output, lengths, ids = _synthetic_lengths(config, len(arrivals), length_rng)
-    process = f"poisson rate={config.rate:g}" if config.arrival == "poisson" else \
-        f"gamma rate={config.rate:g} cv={config.cv:g}"
+    if math.isinf(config.rate):
+        process = "rate inf: all sent at 0 s"
+    else:
+        process = f"poisson rate={config.rate:g}" if config.arrival == "poisson" else \
+            f"gamma rate={config.rate:g} cv={config.cv:g}"
     return Workload(arrivals, prompt, output, f"{process}, {lengths}", ids)
 
 
-def _synthetic_arrivals(config: SimConfig, rng: np.random.Generator) -> np.ndarray:
-    """Arrival times, seconds: cumulative sums of i.i.d. gaps of mean ``1/rate``, cut at ``duration``."""
+def _synthetic_arrivals(config: WorkloadConfig, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times, seconds: cumulative sums of i.i.d. gaps of mean ``1/rate``, cut at ``duration``; all 0 at rate
+    inf."""
     rate, duration = config.rate, config.duration
-    assert rate is not None  # SimConfig requires a rate for synthetic arrivals
+    assert rate is not None  # WorkloadConfig requires a rate for synthetic arrivals
     expected = min(config.num_requests or np.inf, rate * duration if duration is not None else np.inf)
     require(expected <= MAX_SYNTHETIC_REQUESTS,
             f"config: num_requests/rate x duration ask for {expected:.3g} requests, more than "
             f"{MAX_SYNTHETIC_REQUESTS:,} (got rate={rate:g}, duration={duration}, num_requests={config.num_requests})")
+    if math.isinf(rate):
+        assert config.num_requests is not None  # WorkloadConfig requires it with rate inf
+        return np.zeros(config.num_requests)
     if config.arrival == "poisson":
         def gaps(n: int) -> np.ndarray:
             return rng.standard_exponential(n) / rate
@@ -252,7 +262,7 @@ def _cut_at_duration(times: np.ndarray, duration: float | None) -> np.ndarray:
     return kept
 
 
-def _synthetic_lengths(config: SimConfig, n: int,
+def _synthetic_lengths(config: WorkloadConfig, n: int,
                        rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, str, np.ndarray | None]:
     """Prompt and output lengths (tokens) of ``n`` synthetic requests, a description of them, and their prompt ids
     (the sampled row of a length file; None, nothing shared, for generated lengths).
@@ -270,7 +280,7 @@ def _synthetic_lengths(config: SimConfig, n: int,
         source = (f"lognormal lengths median {config.prompt_len}/{config.output_len} "
                   f"sigma={config.length_sigma:g}")
     else:
-        assert config.length_file is not None  # SimConfig requires it for length_dist=file
+        assert config.length_file is not None  # WorkloadConfig requires it for length_dist=file
         if config.length_file.lower().endswith(".json"):
             file_prompt, file_output, counted = read_sharegpt(config.length_file, config.tokenizer)
             counted = f" ({counted})"
@@ -285,9 +295,9 @@ def _synthetic_lengths(config: SimConfig, n: int,
     return prompt, output, f"{source} max {config.max_prompt_len}/{config.max_output_len}", rows
 
 
-def _replay(config: SimConfig) -> Workload:
+def _replay(config: WorkloadConfig) -> Workload:
     """The trace, truncated to ``num_requests``, rescaled in time, then cut at ``duration``."""
-    assert config.trace is not None  # SimConfig requires it for arrival=trace
+    assert config.trace is not None  # WorkloadConfig requires it for arrival=trace
     trace = read_trace(config.trace)
     n = len(trace) if config.num_requests is None else min(config.num_requests, len(trace))
     times = trace.arrival_time[:n]

@@ -144,7 +144,7 @@ def cost_call_speeds(calls: int) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="run_sim.py bench", description=__doc__)
+    parser = argparse.ArgumentParser(allow_abbrev=False, prog="run_sim.py bench", description=__doc__)
     parser.add_argument("--sizes", default="10000,100000", help="request counts, comma-separated")
     parser.add_argument("--policies", default="no-spec,fixed-k", help="policies, comma-separated")
     parser.add_argument("--calls", type=int, default=20_000,

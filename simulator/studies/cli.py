@@ -2,7 +2,7 @@
 itself adds the profiles side's ``profile`` and ``validate``). Nothing in the library imports this module; the
 parsing of values, specs, grids and SLOs lives in :mod:`simulator.studies.specs`.
 
-Every :class:`SimConfig` field is a flag named after it (``max_num_seqs`` -> ``--max-num-seqs``);
+Every config field is a flag named after it (``max_num_seqs`` -> ``--max-num-seqs``), in one help group per concern;
 ``--config FILE`` starts from a saved ``config.json``. A user error prints one line and exits 2.
 """
 from __future__ import annotations
@@ -11,90 +11,86 @@ import argparse
 import json
 import os
 import sys
-import typing
-from dataclasses import MISSING, fields
+from dataclasses import MISSING
 from pathlib import Path
 from typing import Any, Callable
 
-from policies.errors import EXIT_USER_ERROR, UserError
+from policies.errors import EXIT_USER_ERROR, FlagParser, UserError
 from policies.tree import tree_nodes
-from simulator.config import SimConfig, align_proposer
+from simulator.config import CONCERN_OF, CONCERNS, FIELDS, SimConfig, align_proposer, flags_of, flat_fields
 from simulator.studies.compare import read_result_csv as _read_result_csv, warn_saturated
 from simulator.studies.specs import (field_kind, parse_field_value, parse_goodput, parse_grid, parse_policy_list,
                                      parse_policy_params, parse_rates, parse_seeds, parse_slo)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports a bad flag as one line (and exit 2) instead of usage + error."""
-
-    def error(self, message: str) -> typing.NoReturn:  # noqa: D401 - argparse hook
-        raise UserError(f"{self.prog}: {message}")
-
-
 # -- config flags --------------------------------------------------------------------------------
-#: Other spellings of a config field's flag: vLLM's names (``vllm bench serve`` / engine args) first, then the old
-#: spelling kept as an alias. The first name is the one help shows first.
-FLAG_NAMES: dict[str, tuple[str, ...]] = {
-    "rate": ("--rate", "--request-rate"),
-    "num_requests": ("--num-requests", "--num-prompts"),
-    "k": ("--k", "--num-speculative-tokens"),
-    "acceptance_rate": ("--token-acceptance-prob", "--acceptance-rate"),
-    "goodput_slo": ("--goodput", "--goodput-slo"),
-    "speculative_method": ("--speculative-method", "--speculative-algorithm"),
+#: The help heading of each concern's flags (:data:`simulator.config.CONCERNS`).
+CONCERN_HEADINGS = {
+    "workload": "workload (the client: arrivals, request lengths, concurrency; units: seconds, tokens, req/s)",
+    "engine": "engine (scheduling and KV cache, vLLM's terms; units: tokens, sequences, GiB)",
+    "fleet": "fleet (replicas and routers; disaggregated prefill and decode)",
+    "speculative": "speculative decoding (policy, proposer, token tree, acceptance)",
+    "cost": "cost model (the profile that prices each step)",
+    "run": "run (seed, recording, goodput SLOs)",
 }
 
 
 def field_docs() -> dict[str, str]:
-    """Each config field's docstring (the string under it in :mod:`simulator.config`), whitespace collapsed and
-    reST markup dropped: the help of its flag."""
+    """Each config field's docstring (the string under it in its concern's class, :mod:`simulator.config`),
+    whitespace collapsed and reST markup dropped: the help of its flag."""
     import ast
     import inspect
     import re
+    import textwrap
 
-    import simulator.config as module
-
-    tree = ast.parse(inspect.getsource(module))
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "SimConfig")
-    docs, body = {}, cls.body
-    for node, after in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr) \
-                and isinstance(getattr(after, "value", None), ast.Constant) and isinstance(after.value.value, str):
-            text = " ".join(after.value.value.split()).replace("``", "")
-            docs[node.target.id] = re.sub(r":[a-z]+:`([^`]*)`", r"\1", text)
+    docs = {}
+    for cls in CONCERNS.values():
+        body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+        for node, after in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr) \
+                    and isinstance(getattr(after, "value", None), ast.Constant) and isinstance(after.value.value, str):
+                text = " ".join(after.value.value.split()).replace("``", "")
+                docs[node.target.id] = re.sub(r":[a-z]+:`([^`]*)`", r"\1", text)
     return docs
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per config field, its help the field's docstring and default; unset flags keep the defaults."""
+    """One flag per config field, its help the field's docstring and default, in one group per concern; unset flags
+    keep the defaults."""
     parser.add_argument("--config", metavar="FILE", help="start from this config.json (a run's saved config; flags "
                                                          "override it)")
     docs = field_docs()
-    group = parser.add_argument_group("configuration (every field of SimConfig; units: seconds, tokens, req/s, GiB)")
-    for f in fields(SimConfig):
-        names = FLAG_NAMES.get(f.name, ("--" + f.name.replace("_", "-"),))
-        kind = field_kind(f.name)
-        default = "" if f.default is MISSING else f" (default: {_shown_default(f.name, f.default)})"
-        doc = (docs.get(f.name, "") + default).replace("%", "%%")
-        if f.name == "policy_params":
-            group.add_argument("--policy-param", dest="policy_params", action="append", metavar="NAME=VALUE",
+    groups = {concern: parser.add_argument_group(heading) for concern, heading in CONCERN_HEADINGS.items()}
+    for name, f in FIELDS.items():
+        group, names = groups[CONCERN_OF[name]], flags_of(name)
+        kind = field_kind(name)
+        default = "" if f.default is MISSING else f" (default: {_shown_default(name, f.default)})"
+        doc = (docs.get(name, "") + default).replace("%", "%%")
+        if name == "policy_params":
+            group.add_argument(*names, dest=name, action="append", metavar="NAME=VALUE",
                                help=doc + "; repeat for several")
-        elif f.name == "goodput_slo":
-            group.add_argument(*names, dest=f.name, nargs="+", metavar="METRIC:MS", default=None, help=doc)
+        elif name == "goodput_slo":
+            group.add_argument(*names, dest=name, nargs="+", metavar="METRIC:MS", default=None, help=doc)
         elif kind is bool:
-            group.add_argument(*names, dest=f.name, action="store_true", default=None, help=doc)
+            group.add_argument(*names, dest=name, action="store_true", default=None, help=doc)
         else:
-            group.add_argument(*names, dest=f.name, default=None, metavar=f.name.upper(), help=doc)
-    group.add_argument("--burstiness", metavar="B", default=None,
-                       help="vLLM's --burstiness: Gamma arrivals of shape B, > 0 (1 = Poisson, < 1 burstier); the same "
-                            "as --arrival gamma --cv 1/sqrt(B)")
-    group.add_argument("--dataset-path", metavar="FILE", default=None,
-                       help="vLLM's --dataset-path: request lengths sampled from this ShareGPT JSON dataset (or length "
-                            "CSV); the same as --length-dist file --length-file FILE")
-    group.add_argument("--enable-chunked-prefill", action="store_true", default=None,
-                       help="vLLM's --enable-chunked-prefill (v0; always on in the V1 scheduler): the same as "
-                            "--scheduler chunked-prefill")
-    group.add_argument("--dataset-name", choices=("sharegpt",), default=None,
-                       help="vLLM's --dataset-name; only sharegpt (with --dataset-path) is read here")
+            group.add_argument(*names, dest=name, default=None, metavar=name.upper(), help=doc)
+    # vLLM's flags for fields named otherwise here (:func:`_vllm_flags`), beside those fields
+    groups["workload"].add_argument(
+        "--burstiness", metavar="B", default=None,
+        help="vLLM's --burstiness: Gamma arrivals of shape B, > 0 (1 = Poisson, < 1 burstier); the same as --arrival "
+             "gamma --cv 1/sqrt(B)")
+    groups["workload"].add_argument(
+        "--dataset-path", metavar="FILE", default=None,
+        help="vLLM's --dataset-path: request lengths sampled from this ShareGPT JSON dataset (or length CSV); the same "
+             "as --length-dist file --length-file FILE")
+    groups["engine"].add_argument(
+        "--enable-chunked-prefill", action="store_true", default=None,
+        help="vLLM's --enable-chunked-prefill (v0; always on in the V1 scheduler): the same as --scheduler "
+             "chunked-prefill")
+    groups["workload"].add_argument(
+        "--dataset-name", choices=("sharegpt",), default=None,
+        help="vLLM's --dataset-name; only sharegpt (with --dataset-path) is read here")
 
 
 def _shown_default(name: str, value: Any) -> str:
@@ -118,23 +114,23 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
             raise UserError(f"--config {args.config}: cannot read a JSON config ({exc})") from None
         if not isinstance(data, dict):
             raise UserError(f"--config {args.config}: not a JSON object")
-        data = {**defaults, **data}
+        data = {**defaults, **flat_fields(data, args.config)}  # by concern (or flat, as written before)
     flags: dict[str, Any] = {}
-    for f in fields(SimConfig):
-        value = getattr(args, f.name, None)
+    for name in FIELDS:
+        value = getattr(args, name, None)
         if value is None:
             continue
-        if f.name == "policy_params":
+        if name == "policy_params":
             value = parse_policy_params(value)
-        elif f.name == "goodput_slo":
+        elif name == "goodput_slo":
             value = parse_goodput(value)
-        elif f.name == "replica_profiles" or (f.name == "replicas" and not value.strip().isdigit()):
+        elif name == "replica_profiles" or (name == "replicas" and not value.strip().isdigit()):
             # --replicas A,B: a mixed fleet, one replica per profile (replicas follows from the list)
             flags["replica_profiles"] = tuple(p.strip() for p in value.split(",") if p.strip())
             continue
         elif not isinstance(value, bool):
-            value = parse_field_value(f.name, value)
-        flags[f.name] = value
+            value = parse_field_value(name, value)
+        flags[name] = value
     data.update(align_proposer(flags, data))  # --speculative-method alone sets the proposer over a file's
     _vllm_flags(args, data)
     if data.get("arrival") == "trace" and "rate" not in data:
@@ -187,7 +183,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from simulator.results import prepare_out_dir, write_json
 
     config = config_from_args(args)
-    if args.save_timeline and not config.save_steps:
+    if args.save_timeline and not config.run.save_steps:
         config = config.replace(save_steps=True)  # the timeline draws the steps
     table_format(args.format)
     _, lock = prepare_out_dir(args.out)  # before simulating: a bad folder is found now, not after a long run
@@ -226,7 +222,7 @@ def print_summary(s: dict[str, Any], config: SimConfig) -> None:
         print(f"{label:6}" + "".join(f"{s.get(f'{st}_{name}_ms', float('nan')):10.2f}"
                                      for st in ("mean", "median", "p99", "std")))
     if s.get("request_goodput") is not None and "slo_attainment" in s:
-        bounds = " ".join(f"{n}:{v:g}" for n, v in config.goodput_slo)
+        bounds = " ".join(f"{n}:{v:g}" for n, v in config.run.goodput_slo)
         print(f"goodput (vLLM: requests/s meeting {bounds} ms) {s['request_goodput']:.2f} req/s; "
               f"{s['slo_attainment']:.1%} of requests meet them")
     if s["proposed_tokens"]:
@@ -238,23 +234,24 @@ def print_summary(s: dict[str, Any], config: SimConfig) -> None:
 
 def acceptance_input(config: SimConfig) -> str:
     """What the run's acceptance model was given, in words (only what that model reads)."""
-    if config.acceptance == "constant":
-        return f"token acceptance probability {config.acceptance_rate:g} (constant)"
-    if config.acceptance == "beta":
-        return (f"per-request acceptance Beta with mean {config.acceptance_rate:g} and concentration "
-                f"{config.acceptance_concentration:g} (beta)")
-    if config.acceptance == "position":
-        return f"acceptance by position {','.join(f'{a:g}' for a in config.acceptance_positions)} (position)"
-    if config.acceptance == "by-rank":
-        return f"acceptance by depth and rank from {config.acceptance_by_rank} (by-rank)"
-    return f"acceptance replayed from {config.acceptance_trace} (replay)"
+    if config.speculative.acceptance == "constant":
+        return f"token acceptance probability {config.speculative.acceptance_rate:g} (constant)"
+    if config.speculative.acceptance == "beta":
+        return (f"per-request acceptance Beta with mean {config.speculative.acceptance_rate:g} and concentration "
+                f"{config.speculative.acceptance_concentration:g} (beta)")
+    if config.speculative.acceptance == "position":
+        positions = ",".join(f"{a:g}" for a in config.speculative.acceptance_positions)
+        return f"acceptance by position {positions} (position)"
+    if config.speculative.acceptance == "by-rank":
+        return f"acceptance by depth and rank from {config.speculative.acceptance_by_rank} (by-rank)"
+    return f"acceptance replayed from {config.speculative.acceptance_trace} (replay)"
 
 
 def warn_ignored(summary: dict[str, Any], config: SimConfig) -> None:
     """One warning line on stderr when requests were ignored because they can never fit in the KV cache."""
     from simulator.studies.report import ignored_message
 
-    message = ignored_message(summary, config.block_size)
+    message = ignored_message(summary, config.engine.block_size)
     if message:
         print(f"warning: {message}", file=sys.stderr)
 
@@ -300,7 +297,7 @@ def sweep_config(base: SimConfig, rates: list[float], policies: list[str], seeds
     """What a sweep's report shows as its config: the swept values, then every other field of the base config."""
     swept = {"rate", "policy", "seed", *grid}
     return {"rates": rates, "policies": policies, "seeds": seeds, **({"grid": grid} if grid else {}),
-            **{k: v for k, v in base.to_dict().items() if k not in swept}}
+            **{k: v for k, v in base.to_dict(flat=True).items() if k not in swept}}
 
 
 def sweep_profiles(base: SimConfig, grid: dict[str, list[Any]] | None = None) -> list[dict[str, Any]]:
@@ -309,9 +306,9 @@ def sweep_profiles(base: SimConfig, grid: dict[str, list[Any]] | None = None) ->
     from simulator.studies.report import profile_info
 
     grid = grid or {}
-    infos = [profile_info(str(p)) for p in grid.get("profile", [base.profile])]
-    for p in grid.get("policy_profile", [base.policy_profile]):
-        if p is not None and p != base.profile:
+    infos = [profile_info(str(p)) for p in grid.get("profile", [base.cost.profile])]
+    for p in grid.get("policy_profile", [base.cost.policy_profile]):
+        if p is not None and p != base.cost.profile:
             infos.append(profile_info(str(p), "policy profile"))
     return infos
 
@@ -365,7 +362,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     rates = parse_rates("--rates", args.rates)
     base = config_from_args(args, rate=rates[0])
     if slo.goodput_slo:
-        if base.goodput_slo and base.goodput_slo != slo.goodput_slo:
+        if base.run.goodput_slo and base.run.goodput_slo != slo.goodput_slo:
             raise UserError("tune: --slo's per-request bounds and --goodput differ; give the bounds once, in --slo")
         base = base.replace(goodput_slo=slo.goodput_slo)
     space = tune.search_space(args.param, args.policy)
@@ -535,10 +532,10 @@ A user error ends with one line naming the input, and exit status 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="run_sim.py", description="specsim: simulate LLM serving with speculative decoding "
+    parser = FlagParser(prog="run_sim.py", description="specsim: simulate LLM serving with speculative decoding "
                                                     "(no command: the demo)",
                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", parser_class=_Parser, title="commands", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     sim = sub.add_parser("simulate", help=COMMANDS["simulate"], description=COMMANDS["simulate"])
     add_config_flags(sim)
     sim.add_argument("--out", required=True, metavar="DIR", help="output folder (created; a rerun replaces its files)")

@@ -124,12 +124,15 @@ KINDS = {"run": "a simulate folder", "sweep": "a sweep folder", "vllm": "a vllm 
 
 
 def _run_config(folder: Path) -> dict[str, Any]:
-    """A simulate folder's ``config.json`` (empty when missing or unreadable: the report says less)."""
+    """A simulate folder's ``config.json`` by field name, whether written by concern or flat as before (empty when
+    missing or unreadable: the report says less)."""
+    from simulator.config import flat_fields
+
+    path = folder / "config.json"
     try:
-        data = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError):
+        return flat_fields(json.loads(path.read_text()), str(path))
+    except (OSError, ValueError, UserError):
         return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _print_table(table: pd.DataFrame) -> None:
@@ -196,29 +199,32 @@ def replay(source: Path, base: Any, out: str) -> int:
     out_dir, lock = prepare_out_dir(out)
     with lock, report.recorded_warnings() as printed:
         report.remove_report(out_dir)
-        trace = vllm_io.replay_trace(data, base.seed)
+        trace = vllm_io.replay_trace(data, base.run.seed)
         trace_path = Path(out_dir) / "replayed_workload.csv"
         write_csv(trace_path, trace)
-        concurrency = data["max_concurrency"] if data["max_concurrency"] is not None else base.max_concurrency
+        concurrency = data["max_concurrency"]
+        if concurrency is None:
+            concurrency = base.workload.max_concurrency
         config = base.replace(arrival="trace", trace=str(trace_path), rate=None, trace_speedup=None,
                               max_concurrency=concurrency)
         result = run_config(config)
         write_result(result, out_dir, "csv")
         names = (f"measured ({source.name})", "simulated")
-        simulated = vllm_io.vllm_style_figures(result.requests, trace["empty_output"], dict(config.goodput_slo),
+        simulated = vllm_io.vllm_style_figures(result.requests, trace["empty_output"], dict(config.run.goodput_slo),
                                                result.summary["mean_acceptance_length"])
         table = vllm_io.side_by_side(vllm_io.vllm_figures(data), simulated, names)
         write_csv(Path(out_dir) / "compare.csv", table)
         figure = plot_figures(table, names, Path(out_dir) / "compare.png") if len(table) else None
         replayed = (f"replayed {len(trace)} requests of {source} ({vllm_io.describe_replay(data, trace)}) with policy "
-                    f"{config.policy}, profile {result.summary['profile_method']}")
+                    f"{config.speculative.policy}, profile {result.summary['profile_method']}")
         warned = [m for m in (report.saturation_message(result.summary, "the simulation is "),
-                              report.ignored_message(result.summary, config.block_size, "the simulation: ")) if m]
+                              report.ignored_message(result.summary, config.engine.block_size,
+                                                     "the simulation: ")) if m]
         report.write_report(Path(out_dir) / report.REPORT_NAME, f"compare: {source.name} replayed in the simulator",
                             [("Replay", replayed), ("Simulated against measured, per metric (compare.csv)", table),
                              ("Figure", [Path(figure)] if figure else "no figure in common")],
-                            warned + printed, {"vLLM result": str(source), **config.to_dict()},
-                            [report.profile_info(config.profile)])
+                            warned + printed, {"vLLM result": str(source), **config.to_dict(flat=True)},
+                            [report.profile_info(config.cost.profile)])
     print(replayed)
     _print_table(table)
     for message in warned:

@@ -25,7 +25,6 @@ keeps to it, and writes the figures. The workload is synthetic: every machine ge
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,9 +49,9 @@ DEMO_POLICIES = STATIC_POLICIES + ["goodput:5"]
 
 
 def demo_config(profile: str = DEMO_PROFILE) -> SimConfig:
-    return SimConfig(profile=profile, arrival="poisson", rate=1.0, num_requests=250, length_dist="lognormal",
-                     prompt_len=512, output_len=415, length_sigma=0.6, max_prompt_len=4096, max_output_len=2048,
-                     acceptance="constant", acceptance_rate=0.7, max_num_seqs=256, seed=0)
+    return SimConfig.of(profile=profile, arrival="poisson", rate=1.0, num_requests=250, length_dist="lognormal",
+                        prompt_len=512, output_len=415, length_sigma=0.6, max_prompt_len=4096, max_output_len=2048,
+                        acceptance="constant", acceptance_rate=0.7, max_num_seqs=256, seed=0)
 
 
 def saturation_rate(base: SimConfig, num_requests: int = 500) -> float:
@@ -60,7 +59,7 @@ def saturation_rate(base: SimConfig, num_requests: int = 500) -> float:
     ``num_requests`` arriving at once (every step runs as full a batch as memory and ``max_num_seqs`` allow)."""
     from simulator.core.runner import run_simulation
 
-    burst = dataclasses.replace(base, policy="no-spec", rate=1e6, num_requests=num_requests, duration=None)
+    burst = base.replace(policy="no-spec", rate=1e6, num_requests=num_requests, duration=None)
     return float(run_simulation(burst).summary["throughput"])
 
 
@@ -168,10 +167,11 @@ def run_demo(out: str, workers: int, quiet: bool) -> int:
     panels, findings = [], []
     print(f"specsim demo: where speculation stops paying (SmartSpec, arXiv 2406.14066), {len(DEMO_POLICIES)} policies "
           f"x {len(DEMO_FRACTIONS)} rates x {len(DEMO_PROFILES)} engines, "
-          f"{demo_config().num_requests} requests per run, acceptance {demo_config().acceptance_rate}")
+          f"{demo_config().workload.num_requests} requests per run, acceptance "
+          f"{demo_config().speculative.acceptance_rate}")
     for name, profile in DEMO_PROFILES:
         base = demo_config(profile)
-        cost = load_cost_model(profile, base.fitter)
+        cost = load_cost_model(profile, base.cost.fitter)
         label = f"{Path(profile).name} ({cost.method}; {cost.verification} verification)"
         saturation = saturation_rate(base)
         rates = fraction_rates(saturation)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from policies.errors import UserError
 from simulator.config import SimConfig
+from simulator.config.fleet import DISAGG_ONLY, FleetConfig
 from simulator.inputs import AZURE_CONV
 from simulator.studies.specs import Slo, parse_policy_spec
 
@@ -61,8 +62,7 @@ CELL_FIGURES = ["slo_attainment", "request_goodput", "p90_ttft_ms", "p90_tpot_ms
 GOODPUT_COLUMNS = ["layout", "policy", "gpus", "max_rate_per_gpu", "found", "vs_co_located"]
 
 #: The disaggregation fields a co-located cell resets to their defaults.
-_DISAGG_FIELDS = ("prefill_replicas", "decode_replicas", "prefill_router", "decode_router", "kv_link",
-                  "kv_link_bandwidth", "kv_link_latency")
+_DISAGG_FIELDS = ("prefill_replicas", "decode_replicas", *DISAGG_ONLY)
 
 
 @dataclass(frozen=True)
@@ -81,12 +81,13 @@ class Layout:
 
     def config(self, base: SimConfig) -> SimConfig:
         """``base`` (a disaggregated config carrying the link and routers) laid out as this layout. A co-located fleet
-        is routed by ``base.prefill_router`` (the router that meets arrivals), with the disaggregation fields reset."""
+        is routed by ``base.fleet.prefill_router`` (the router that meets arrivals), with the disaggregation fields
+        reset."""
         if self.prefill:
             return base.replace(replicas=1, router="round-robin", prefill_replicas=self.prefill,
                                 decode_replicas=self.decode)
-        defaults = {f.name: f.default for f in dataclasses.fields(SimConfig) if f.name in _DISAGG_FIELDS}
-        return base.replace(replicas=self.gpus // self.tp, router=base.prefill_router, **defaults)
+        defaults = {f.name: f.default for f in dataclasses.fields(FleetConfig) if f.name in _DISAGG_FIELDS}
+        return base.replace(replicas=self.gpus // self.tp, router=base.fleet.prefill_router, **defaults)
 
 
 def layouts(gpus: int, splits: Sequence[tuple[int, int]] | None, tp: int = 1) -> list[Layout]:
@@ -144,7 +145,7 @@ def run_cell(cell: tuple[dict[str, Any], SimConfig]) -> dict[str, Any]:
     from simulator.fleet import run
 
     labels, config = cell
-    summary = run(config, cost=_study_cost(config.profile, config.fitter)).summary
+    summary = run(config, cost=_study_cost(config.cost.profile, config.cost.fitter)).summary
     return {**labels, **{name: summary.get(name, float("nan")) for name in CELL_FIGURES}}
 
 
@@ -158,8 +159,8 @@ def study_cells(base: SimConfig, layouts_: Sequence[Layout], policies: Sequence[
             for per_gpu in rates_per_gpu:
                 rate = per_gpu * layout.gpus
                 config = layout.config(base).replace(
-                    rate=rate, policy=name, k=base.k if k is None else k,
-                    policy_params=base.policy_params + params)
+                    rate=rate, policy=name, k=base.speculative.k if k is None else k,
+                    policy_params=base.speculative.policy_params + params)
                 labels = {"layout": layout.name, "prefill_replicas": layout.prefill, "decode_replicas": layout.decode,
                           "gpus": layout.gpus, "policy": spec, "rate_per_gpu": per_gpu, "rate": rate}
                 cells.append((labels, config))
@@ -287,7 +288,7 @@ def run_disagg_study(base: SimConfig, gpus: int, splits: Sequence[tuple[int, int
         raise UserError(f"--slo {slo}: the study needs per-request bounds with a percentage, e.g. \"{DEFAULT_SLO}\"")
     base = base.replace(goodput_slo=slo.goodput_slo)
     out = Path(out)
-    plan = layouts(gpus, splits, gpus_per_instance(base.profile))
+    plan = layouts(gpus, splits, gpus_per_instance(base.cost.profile))
     cells = run_study(study_cells(base, plan, policies, sorted(rates_per_gpu)), workers, cluster)
     table = max_goodput(cells, slo.bound)
     write_csv(out / "cells.csv", cells)

@@ -181,12 +181,10 @@ def finish_axis(ax, xlabel: str, ylabel: str, log_y: bool = False, log_x: bool =
 def grid_axes(summary: pd.DataFrame) -> list[str]:
     """The grid-axis columns of a sweep's summary: columns named after a config field (or ``config_<field>``) that
     are neither the fixed labels nor summary figures, in column order."""
-    from dataclasses import fields
-
-    from simulator.config import SimConfig
+    from simulator.config import FIELDS
     from simulator.studies.specs import summary_names
 
-    known = {f.name for f in fields(SimConfig)} - _NOT_AXES
+    known = set(FIELDS) - _NOT_AXES
     return [c for c in summary.columns
             if (c.startswith("config_") and c[len("config_"):] in known) or (c in known and c not in summary_names())]
 

@@ -21,11 +21,11 @@ import operator
 import re
 import types
 import typing
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 from policies.errors import UserError
-from simulator.config import SimConfig
+from simulator.config import FIELDS, HINTS, flags_of
 from simulator.metrics import DERIVED_COLUMNS
 
 __all__ = ["Slo", "SLO_METRICS", "number_or_text", "parse_field_value", "parse_floats", "parse_grid",
@@ -33,14 +33,9 @@ __all__ = ["Slo", "SLO_METRICS", "number_or_text", "parse_field_value", "parse_f
 
 
 # -- config field values ---------------------------------------------------------------------------
-@functools.cache
-def _hints() -> dict[str, Any]:
-    return typing.get_type_hints(SimConfig)
-
-
 def field_kind(name: str) -> Any:
     """The base type of config field ``name``: ``int | None`` -> int; ``tuple[float, ...]`` -> tuple; ``bool``."""
-    hint = _hints()[name]
+    hint = HINTS[name]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         hint = args[0]
@@ -63,12 +58,12 @@ def parse_field_value(name: str, text: str) -> Any:
         if kind is float:
             return float(text)
         if name == "goodput_slo":
-            return parse_goodput(text, f"--{name.replace('_', '-')}")
+            return parse_goodput(text, flags_of(name)[0])
         if kind is tuple:
             cast = int if name == "cuda_graph_sizes" else float
             return tuple(cast(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise UserError(f"--{name.replace('_', '-')}: not a valid {getattr(kind, '__name__', kind)}: {text!r}") from None
+        raise UserError(f"{flags_of(name)[0]}: not a valid {getattr(kind, '__name__', kind)}: {text!r}") from None
     return text
 
 
@@ -187,14 +182,13 @@ def axis_column(field: str) -> str:
 
 def parse_grid(items: Iterable[str]) -> dict[str, list[Any]]:
     """``["acceptance_rate=0.5,0.7"]`` -> {"acceptance_rate": [0.5, 0.7]} (values typed like the field)."""
-    known = {f.name for f in fields(SimConfig)}
     grid: dict[str, list[Any]] = {}
     for item in items:
         name, sep, values = item.partition("=")
         name = name.strip().replace("-", "_")
         if not sep or not values:
             raise UserError(f"--grid: expected FIELD=V1,V2,..., got {item!r}")
-        if name not in known:
+        if name not in FIELDS:
             raise UserError(f"--grid: unknown config field {name!r}")
         if name in ("rate", "policy", "seed", "k"):
             raise UserError(f"--grid: {name} has its own flag (--rates, --policies, --seeds)")

@@ -83,9 +83,10 @@ def input_digests(config: SimConfig) -> dict[str, str]:
     from simulator.fleet.fleet import resolve_profile
 
     out = {}
-    named = [(name, getattr(config, name), flag) for name, flag in INPUT_FILES.items()]
+    values = config.flat()
+    named = [(name, values[name], flag) for name, flag in INPUT_FILES.items()]
     named += [(f"replica_profile_{j}", resolve_profile(entry), "--replicas")  # a mixed fleet's profiles
-              for j, entry in enumerate(config.replica_profiles)]
+              for j, entry in enumerate(config.fleet.replica_profiles)]
     for name, path, flag in named:
         if path is None:
             continue
@@ -128,10 +129,11 @@ def build_cells(base: SimConfig, rates: list[float], policies: list[str], seeds:
         if k is not None:
             changes["k"] = k
         if params:
-            changes["policy_params"] = base.policy_params + params
+            changes["policy_params"] = base.speculative.policy_params + params
         labels = (("policy", spec), ("rate", rate), ("seed", seed), *zip(map(axis_column, axes), values))
         config = base.replace(**changes)
-        files = (*(getattr(config, name) for name in INPUT_FILES), config.replica_profiles)
+        values = config.flat()
+        files = (*(values[name] for name in INPUT_FILES), config.fleet.replica_profiles)
         if files not in digests:
             digests[files] = input_digests(config)
         cells.append(Cell(labels, config, cell_key(config, digests[files])))
@@ -146,7 +148,7 @@ def run_cell(cell: Cell) -> dict[str, Any]:
         summary = run_config(cell.config).summary
     row = dict(cell.labels)
     row.update({k: v for k, v in summary.items() if k not in row and k not in ("policy", "ignored_request_ids")})
-    row["policy_name"] = cell.config.policy
+    row["policy_name"] = cell.config.speculative.policy
     row["config_hash"] = config_hash(cell.config)
     row["cell_key"] = cell.key
     row["warnings"] = caught
@@ -317,7 +319,7 @@ def check_policies(cells: list[Cell]) -> None:
 
     seen, loaded = set(), set()
     for cell in cells:
-        c = cell.config
+        c = cell.config.speculative
         key = (c.policy, c.k, c.policy_params, c.policy_file)
         if key in seen:
             continue
@@ -348,7 +350,8 @@ def _figures(base: SimConfig, policies: list[str], rates: list[float], seeds: li
         rate = rates[len(rates) // 2]
         name, k, params = parse_policy_spec(adaptive[0])
         config = base.replace(rate=rate, policy=name, seed=seeds[0], save_steps=True,
-                              k=base.k if k is None else k, policy_params=base.policy_params + params)
+                              k=base.speculative.k if k is None else k,
+                              policy_params=base.speculative.policy_params + params)
         steps = run_config(config).steps
         write_csv(out / "steps_adaptive.csv", steps.assign(policy=adaptive[0], rate=rate))
         figures.append(plots.plot_k_over_time(steps, out / "k_over_time.png", f"{adaptive[0]} at {rate:g} req/s"))

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from policies.errors import UserError
+from simulator.config import rate_from_json, rate_to_json
 
 #: vLLM's per-metric statistics in the result file (milliseconds).
 METRICS = ("ttft", "tpot", "itl", "e2el")
@@ -90,16 +91,16 @@ def vllm_result(summary: dict[str, Any], requests: Any, config: Any) -> dict[str
     chunks = served["chunks"].to_numpy() if "chunks" in served else np.zeros(len(served), dtype=np.int64)
     itl = served["itl"].to_numpy() if "itl" in served else np.full(len(served), np.nan)
     itls = [[float(g)] * int(c) if c > 0 and math.isfinite(g) else [] for g, c in zip(itl, chunks)]
-    burstiness = 1.0 / config.cv ** 2 if config.arrival == "gamma" else 1.0
+    burstiness = 1.0 / config.workload.cv ** 2 if config.workload.arrival == "gamma" else 1.0
     out: dict[str, Any] = {
         "date": datetime.datetime(2000, 1, 1).strftime("%Y%m%d-%H%M%S"),  # fixed: results are bit-for-bit repeatable
         "backend": "specsim",
         "model_id": str(summary.get("profile", "")),
-        "tokenizer_id": config.tokenizer,
+        "tokenizer_id": config.workload.tokenizer,
         "num_prompts": int(summary["requests"]),
-        "request_rate": config.rate if config.rate is not None else "inf",
+        "request_rate": "inf" if config.workload.rate is None else rate_to_json(config.workload.rate),
         "burstiness": burstiness,
-        "max_concurrency": config.max_concurrency,
+        "max_concurrency": config.workload.max_concurrency,
         "duration": summary["simulated_seconds"],
         "completed": int(len(served)),
         "failed": 0,
@@ -185,12 +186,10 @@ def _is_whole(value: Any, minimum: int) -> bool:
 
 def _check_traffic(path: Path, data: dict[str, Any]) -> None:
     """``request_rate`` (req/s), ``burstiness``, ``max_concurrency``, ``completed`` and ``failed``, normalised."""
-    rate = data.get("request_rate", "inf")
+    rate = rate_from_json(data.get("request_rate", "inf"))
     if isinstance(rate, str):
-        if rate.strip().lower() != "inf":
-            raise UserError(f"{path}: request_rate: a number or \"inf\", got {rate!r}")
-        rate = math.inf
-    elif not _is_number(rate) or not rate > 0:
+        raise UserError(f"{path}: request_rate: a number or \"inf\", got {rate!r}")
+    if not _is_number(rate) or not rate > 0:
         raise UserError(f"{path}: request_rate: a number > 0 or \"inf\", got {rate!r}")
     burstiness = data.get("burstiness", 1.0)
     if not _is_number(burstiness) or not burstiness > 0:
