@@ -149,7 +149,7 @@ def test_the_engine_prices_each_chunk_of_a_long_prompt_over_the_chunks_before_it
     0, 256, 512 and 768 cached. Step i costs 0.01 + 1e-5 q + 1e-8 (q^2 + 2 c q) (and a tenth of it for the draft
     with speculation): 0.01321536, 0.01452608, 0.0158368, 0.01642176 s, which sum to the whole prompt,
     0.01 + 0.01 + 0.01, plus 3 passes' fixed 0.01 s: 0.06 s (as fresh prompts they summed to 0.0525 s)."""
-    config = SimConfig(profile=hand_written_json(tmp_path), rate=1.0, num_requests=1, num_gpu_blocks=100_000,
+    config = SimConfig.of(profile=hand_written_json(tmp_path), rate=1.0, num_requests=1, num_gpu_blocks=100_000,
                        scheduler="chunked-prefill", max_num_batched_tokens=256, policy=policy, save_steps=True)
     result = run_simulation(config, workload=Workload(np.zeros(1), [1000], [2], "hand-made"))
     steps = result.steps[result.steps["kind"] == "prefill"]
@@ -166,7 +166,7 @@ def test_after_a_prefix_cache_hit_the_rest_of_the_prompt_attends_to_the_cached_t
     16 (992 tokens; the last token is always computed) are cached, so it prefills q = 8 tokens over c = 992:
     0.01 + 8e-5 + 1e-8 x 64 fresh (0.01008064 s) + 2 x 1e-8 x 992 x 8 = 0.00015872 s of cross term."""
     workload = Workload(np.array([0.0, 1.0]), [1000, 1000], [2, 2], "hand-made", prompt_id=[5, 5])
-    config = SimConfig(profile=hand_written_json(tmp_path), rate=1.0, num_requests=2, num_gpu_blocks=100_000,
+    config = SimConfig.of(profile=hand_written_json(tmp_path), rate=1.0, num_requests=2, num_gpu_blocks=100_000,
                        block_size=16, enable_prefix_caching=True, scheduler=scheduler, save_steps=True)
     result = run_simulation(config, workload=workload)
     assert result.summary["prefix_cache_hit_tokens"] == 992
@@ -188,11 +188,11 @@ def test_runs_in_which_no_chunk_has_context_are_priced_as_before_bit_for_bit(cac
     cost, before = load_cost_model(H100, "interp"), fresh_prompts(load_cost_model(H100, "interp"))
     fields = dict(profile=H100, rate=12.0, num_requests=120, prompt_len=1500, output_len=64, length_dist="lognormal",
                   policy="fixed-k", k=3, seed=2, save_steps=True, enable_prefix_caching=caching)
-    ours, theirs = (run_simulation(SimConfig(**fields), cost=model) for model in (cost, before))
+    ours, theirs = (run_simulation(SimConfig.of(**fields), cost=model) for model in (cost, before))
     assert ours.summary["preemptions"] == 0 and ours.summary.get("prefix_cache_hit_tokens", 0) == 0
     assert ours.requests.equals(theirs.requests) and ours.steps.equals(theirs.steps)
     chunked = dict(fields, scheduler="chunked-prefill", max_num_batched_tokens=512)
-    ours, theirs = (run_simulation(SimConfig(**chunked), cost=model) for model in (cost, before))
+    ours, theirs = (run_simulation(SimConfig.of(**chunked), cost=model) for model in (cost, before))
     assert ours.requests["ttft"].mean() > theirs.requests["ttft"].mean()
 
 
@@ -201,10 +201,10 @@ def test_a_disaggregated_prefill_instance_prices_its_chunks_over_their_context()
     comes after the chunk steps priced over the chunks before them, each with its prefill step's overhead."""
     from simulator.fleet.disagg import run_disagg
 
-    config = SimConfig(rate=1.0, num_requests=1, prefill_replicas=1, decode_replicas=1, scheduler="chunked-prefill",
+    config = SimConfig.of(rate=1.0, num_requests=1, prefill_replicas=1, decode_replicas=1, scheduler="chunked-prefill",
                        max_num_batched_tokens=2048)
     result = run_disagg(config, workload=Workload(np.zeros(1), [5000], [4], "hand-made"))
-    cost = load_cost_model(config.profile)
+    cost = load_cost_model(config.cost.profile)
     t = 0.0
     for chunk in chunks_of(5000, 2048):
         t += cost.prefill_chunks_time([chunk]) + cost.prefill_overhead_time(1)
