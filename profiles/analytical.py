@@ -95,6 +95,7 @@ import argparse
 import csv
 import sys
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +103,9 @@ import pandas as pd
 
 from profiles.architectures import Architecture
 from profiles.architectures.moe import ROUTING_GINI_SOURCE, check_ep
-from profiles.architectures.precision import WEIGHT_BYTES, WEIGHT_CHOICES, check_weights, compute_format
-from profiles.architectures.sliding import attended_context
+from profiles.architectures.precision import (WEIGHT_BYTES, WEIGHT_CHOICES, check_weights, compute_format,
+                                              kind_precisions)
+from profiles.architectures.sliding import attended_context, held_tokens
 from profiles.grid import GPU_GRID, Grid
 from policies.errors import UserError, exit_on_user_error
 from simulator.costs.profile_table import VERIFICATIONS
@@ -225,6 +227,18 @@ def _roofline(flops: float, bytes_moved: float, gpu: GPU, eff: Efficiency) -> fl
     return max(flops / (gpu.peak_flops * eff.compute), bytes_moved / (gpu.hbm_bandwidth * eff.bandwidth))
 
 
+@lru_cache(maxsize=256)
+def _precision_factors(quantization: tuple[tuple[str, str], ...], weights: str, gpu: GPU,
+                       dtype_bytes: int) -> tuple[dict[str, float], dict[str, float], bool]:
+    """Per weight kind: bytes per weight, and the factor that turns its FLOPs into bf16 FLOPs (the roofline's one
+    peak: a low-precision rate's FLOPs count as bf16 FLOPs scaled by the rates' ratio); and whether the experts'
+    tokens are dispatched in FP8 (they compute in a low-precision format)."""
+    precisions = kind_precisions(quantization, weights)
+    width = {kind: WEIGHT_BYTES[p] for kind, p in precisions.items()} | {"router": dtype_bytes}
+    scale = {kind: gpu.peak_flops / gpu.peak(compute_format(p, gpu.formats)) for kind, p in precisions.items()}
+    return width, scale, compute_format(precisions["experts"], gpu.formats) != "bf16"
+
+
 def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_len: int, context_len: int,
               dtype_bytes: int = 2, tp: int = 1, eff: Efficiency = Efficiency(),
               verification: str = "multi-query", weights: str = "auto", all_logits: bool = True, ep: int = 1,
@@ -237,11 +251,7 @@ def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_l
     if verification not in VERIFICATIONS:
         raise UserError(f"verification must be one of {', '.join(VERIFICATIONS)} (got {verification!r})")
     tokens = batch_size * query_len
-    precisions = arch.precisions(weights)
-    width = {kind: WEIGHT_BYTES[p] for kind, p in precisions.items()} | {"router": dtype_bytes}
-    # FLOPs at a low-precision rate count as bf16 FLOPs scaled by the rates' ratio (the roofline's one peak)
-    scale = {kind: gpu.peak_flops / gpu.peak(compute_format(p, gpu.formats)) for kind, p in precisions.items()}
-    fp8_dispatch = compute_format(precisions["experts"], gpu.formats) != "bf16"
+    width, scale, fp8_dispatch = _precision_factors(arch.quantization, weights, gpu, dtype_bytes)
     link = gpu.link_bandwidth * eff.link
     all_reduce = eff.collective_latency_s + 2 * (tp - 1) / tp * tokens * arch.hidden * dtype_bytes / link
     linear = attention = comm = 0.0
@@ -364,36 +374,45 @@ ACTIVATION_RESERVE_GIB = 2.0
 @dataclass(frozen=True)
 class Placement:
     """Where a deployment's target and draft run: each role's architecture, tensor- and expert-parallel degree and
-    weights (:meth:`of`)."""
+    weights (:meth:`of`), and what the first device holds of them at ``dtype_bytes`` a KV element: the weights'
+    bytes, and each role's KV bytes per token by layer window."""
 
     archs: dict[str, Architecture]
     tps: dict[str, int]
     eps: dict[str, int]
     weights: dict[str, str]
+    dtype_bytes: int = 2
 
     @classmethod
-    def of(cls, dep: Deployment) -> "Placement":
+    def of(cls, dep: Deployment, dtype_bytes: int = 2) -> "Placement":
         target = Architecture.from_config(dep.target, "--target")
         draft = Architecture.from_config(dep.draft, "--draft", target)
         head = draft.head is not None
         placement = cls({"target": target, "draft": draft}, {"target": dep.tp, "draft": dep.tp if head else 1},
                         {"target": dep.ep, "draft": dep.ep if head else 1},
-                        {"target": dep.weights, "draft": dep.draft_weights})
+                        {"target": dep.weights, "draft": dep.draft_weights}, dtype_bytes)
         for role, arch in placement.archs.items():
             arch.check_parallel(placement.tps[role], placement.eps[role], f"--tp ({role} {arch.name})")
         return placement
 
+    @cached_property
+    def device_weight_bytes(self) -> float:
+        return sum(arch.weight_bytes(self.dtype_bytes, self.weights[role], self.tps[role])
+                   for role, arch in self.archs.items())
 
-def kv_fits(place: Placement, gpu: GPU, batch_size: int, seq_tokens: int, new_tokens: int = 1,
-            dtype_bytes: int = 2) -> bool:
+    @cached_property
+    def kv_groups(self) -> list[tuple[int | None, int]]:
+        """(window, KV bytes per token on the first device) of both roles' layers."""
+        return [group for role, arch in self.archs.items()
+                for group in arch.kv_groups(self.dtype_bytes, self.tps[role]).items()]
+
+
+def kv_fits(place: Placement, gpu: GPU, batch_size: int, seq_tokens: int, new_tokens: int = 1) -> bool:
     """Whether ``batch_size`` sequences of ``seq_tokens`` (``new_tokens`` of them in this pass) of target and draft
     KV cache fit the first device next to the weights (each role's weights and KV per device; a sliding-window
-    layer's KV only its window)."""
-    weights = sum(arch.weight_bytes(dtype_bytes, place.weights[role], place.tps[role])
-                  for role, arch in place.archs.items())
-    kv = batch_size * sum(arch.held_kv_bytes(seq_tokens, new_tokens, dtype_bytes, place.tps[role])
-                          for role, arch in place.archs.items())
-    return weights + kv + ACTIVATION_RESERVE_GIB * GIB <= MEMORY_UTILIZATION * gpu.memory_gib * GIB
+    layer's KV only its window, :func:`~profiles.architectures.sliding.held_tokens`)."""
+    kv = batch_size * sum(held_tokens(seq_tokens, new_tokens, window) * size for window, size in place.kv_groups)
+    return place.device_weight_bytes + kv + ACTIVATION_RESERVE_GIB * GIB <= MEMORY_UTILIZATION * gpu.memory_gib * GIB
 
 
 def memory_figures(place: Placement, gpu: GPU, tp: int, dtype_bytes: int) -> dict[str, Any]:
@@ -425,12 +444,11 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
     """Rows and metadata of one analytical profile over ``grid``, leaving out points whose KV cache does not fit
     (:func:`kv_fits`)."""
     gpu, dtype_bytes = GPUS[dep.gpu_key], DTYPE_BYTES[dtype]
-    place = Placement.of(dep)
+    place = Placement.of(dep, dtype_bytes)
     archs = place.archs
     rows, skipped = [], 0
     for point in grid.points():
-        if not kv_fits(place, gpu, point.batch_size, point.context_len + point.query_len, point.query_len,
-                       dtype_bytes):
+        if not kv_fits(place, gpu, point.batch_size, point.context_len + point.query_len, point.query_len):
             skipped += 1
             continue
         role = point.role

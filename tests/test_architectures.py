@@ -25,6 +25,7 @@ from profiles.architectures import Architecture
 from profiles.architectures.gqa import GQA
 from profiles.architectures.mla import MLA
 from profiles.architectures.moe import MoE
+from profiles.architectures.sliding import held_tokens
 
 B = 1e9
 
@@ -59,7 +60,8 @@ def test_gemma2_slides_its_even_layers_and_holds_four_norms_a_layer():
     assert g9.kv_groups(2) == {4096: 21 * 8192, None: 21 * 8192}
     assert g9.kv_bytes_per_token(2) == 344_064
     # a sequence of 32k tokens holds all of them in the global layers, its last 4095 (+ the new one) in the others
-    assert g9.held_kv_bytes(32768, 1, 2) == 21 * 8192 * (32768 + 4096)
+    held = sum(held_tokens(32768, 1, window) * size for window, size in g9.kv_groups(2).items())
+    assert held == 21 * 8192 * (32768 + 4096)
 
 
 def test_gpt_oss_slides_per_layer_types_over_128_tokens():
@@ -154,10 +156,13 @@ def test_a_key_that_changes_the_cost_but_is_not_read_is_refused_in_one_line(tmp_
 
 
 def test_keys_set_to_nothing_are_no_cost():
-    """null, false and empty values say "none" (Qwen3's sliding_window null, EAGLE-3 heads' use_sliding_window)."""
+    """null, false and empty values say "none" (Qwen3's sliding_window null, EAGLE-3 heads' use_sliding_window), and
+    so do layer_types of full attention only."""
     plain = Architecture.from_dict(LLAMA, "a", "t")
-    assert Architecture.from_dict({**LLAMA, "sliding_window": None, "use_sliding_window": False,
-                                   "mlp_only_layers": []}, "a", "t").params == plain.params
+    assert Architecture.from_dict({**LLAMA, "sliding_window": None, "use_sliding_window": False, "mlp_only_layers": [],
+                                   "layer_types": ["full_attention"] * 2}, "a", "t").params == plain.params
+    with pytest.raises(UserError, match="layer_types .* is not read for model_type 'llama'"):
+        Architecture.from_dict({**LLAMA, "layer_types": ["sliding_attention", "full_attention"]}, "a", "t")
 
 
 def test_an_unknown_model_type_is_one_line_naming_the_supported_ones_exit_2(tmp_path, capsys):

@@ -23,7 +23,6 @@ from profiles.architectures.gqa import GQA
 from profiles.architectures.hf import read_decoder
 from profiles.architectures.mlp import GatedMLP
 from profiles.architectures.precision import WEIGHT_BYTES, kind_precisions, label
-from profiles.architectures.sliding import held_tokens
 from profiles.models.config import HEAD_SHAPES, read_model_config
 
 
@@ -249,11 +248,6 @@ class Architecture:
         """KV-cache bytes of one token in every layer on one of ``tp`` devices (a sliding layer's only while the token
         is inside its window): GQA 2 x kv_heads x head_dim x dtype bytes a layer, MLA its latent."""
         return sum(self.kv_groups(dtype_bytes, tp).values())
-
-    def held_kv_bytes(self, tokens: int, new: int, dtype_bytes: int, tp: int = 1) -> int:
-        """KV bytes a sequence of ``tokens`` (``new`` of them in this pass) holds on one device: every token in
-        full-attention layers, the window in sliding ones (:func:`~profiles.architectures.sliding.held_tokens`)."""
-        return sum(held_tokens(tokens, new, window) * size for window, size in self.kv_groups(dtype_bytes, tp).items())
 
     # -- parallelism -----------------------------------------------------------------------------
     def check_parallel(self, tp: int, ep: int, where: str) -> None:

@@ -171,7 +171,10 @@ READERS: dict[str, tuple[Callable[[Config], Decoder], frozenset[str]]] = {
 assert tuple(READERS) == SUPPORTED_MODEL_TYPES, "one reader per supported model type"
 
 
-def _is_set(value: Any) -> bool:
+def _is_set(key: str, value: Any) -> bool:
+    """Whether a cost key says something (``layer_types``: a layer other than full attention)."""
+    if key == "layer_types" and isinstance(value, list):
+        return any(t != "full_attention" for t in value)
     return value is not None and value is not False and value != 0 and value != [] and value != {}
 
 
@@ -180,7 +183,7 @@ def read_decoder(data: dict[str, Any], where: str) -> Decoder:
     read_model_config` checked the type); a set cost key its reader does not read is refused (module docstring)."""
     reader, reads = READERS[data["model_type"]]
     for key in COST_KEYS:
-        if key not in reads and _is_set(data.get(key)):
+        if key not in reads and _is_set(key, data.get(key)):
             raise UserError(f"{where}: {key} {data[key]!r} is not read for model_type {data['model_type']!r}, and it "
                             "changes the cost: not priced as if absent (fix the config or its model_type)")
     return reader(Config(data, where))
