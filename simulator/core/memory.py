@@ -100,7 +100,7 @@ class KVLayout:
         return sum(m * ((computed - w + 1) // bs) for w, m in self.windows if computed >= w - 1 + bs)
 
     def held(self, pages: int, computed: int) -> int:
-        """Blocks a request holds with ``pages`` blocks of tokens allocated in each layer, ``computed`` tokens cached."""
+        """Blocks a request holds with ``pages`` blocks of tokens allocated in each layer and ``computed`` cached."""
         return pages if not self.windows else self.span * pages - self._skipped(computed)
 
     def blocks(self, computed: int, total: int) -> int:
