@@ -16,20 +16,32 @@ measured on an H200 with this project's optimized forward (:data:`EFFICIENCY_SOU
 ``profiles/data/h200-optimized__*.csv``; :func:`fit_efficiency` refits them), so a profile made here for an A100
 or H100 models that engine on that GPU.
 
-Weight precision (``weights`` for the target, ``draft_weights`` for the draft: :data:`WEIGHT_BYTES`, bf16, fp8,
-int8 or int4, *weight-only*): the projections' weights are stored and read at that width (dequantized in the
-kernel, compute stays bf16, as in AWQ/GPTQ/Marlin kernels), which shrinks weight memory (more KV room) and
-the weight-read time of memory-bound passes; embeddings, norms and the LM head stay bf16; KV stays ``dtype``.
+The model is the one description every family reads into (:class:`profiles.architectures.Architecture`: grouped-query
+or latent attention, full or sliding-window layers, dense or mixture-of-experts feed-forward blocks, from any
+supported ``config.json``); the roofline sums what each layer kind contributes, once per kind, times its count.
+The GPUs are ``profiles/data/gpus.csv``'s rows (:data:`GPUS`, each row's source recorded in a profile's metadata).
+
+Weight precision (``weights`` for the target, ``draft_weights`` for the draft, :data:`WEIGHT_CHOICES`; ``auto``: as
+the checkpoint's ``quantization_config`` stores them, DeepSeek-V3's block FP8, gpt-oss's MXFP4 experts): the
+projections are read at their bytes per weight, scales included (:mod:`profiles.architectures.precision`), and
+computed in fp8 (W8A8) where the GPU has FP8 tensor cores, in fp4 (NVFP4 W4A4) on Blackwell, MXFP4 at the FP8 rate
+on Blackwell, else dequantized to bf16 (Marlin-style weight-only kernels; int8 and int4 always so). A low-precision
+matmul's FLOPs count as bf16 FLOPs times the ratio of the two rates. Embeddings, norms, the router and the LM head
+stay bf16; KV stays ``dtype``.
 
 with the operator classes
 
-- ``linear`` (per layer): the q/k/v/o and gate/up/down projections. FLOPs = 2 x tokens x params;
-  bytes = the layer's weights, read once per pass, plus the activations each unfused HF-style kernel
-  reads and writes (:meth:`Architecture.activation_elements`).
-- ``attention`` (per layer): FLOPs = 4 x heads x head_dim x query_len x (context_len + (query_len + 1) / 2)
-  per sequence (QK^T and PV, causal over the new tokens); bytes depend on how the engine verifies
-  (:data:`VERIFICATIONS`, recorded as ``verification`` in the metadata):
-
+- ``linear`` (per layer kind): the attention projections and the feed-forward block's (gate/up/down; a mixture of
+  experts' router, shared experts and the experts the pass wakes, :mod:`profiles.architectures.moe`). FLOPs = 2 x
+  tokens x the parameters each token computes with; bytes = the weights read once per pass (of a mixture of
+  experts: the expected woken experts', E (1 - (1 - k/E)^T) of E for T tokens routed top-k under uniform routing,
+  MoESD, arXiv 2505.19645), plus the activations each unfused HF-style kernel reads and writes (15 hidden-size
+  tensors a layer, plus the families' own widths).
+- ``attention`` (per layer kind): FLOPs per (query, key) pair from the family (grouped-query: 4 x heads x head_dim;
+  latent attention absorbed in decode, decompressed in prefill, :mod:`profiles.architectures.mla`), over
+  query_len x (context + (query_len + 1) / 2) pairs per sequence (causal over the new tokens), the context a
+  sliding-window layer's window at most; bytes: the cached K and V (or latent) read, depending on how the engine
+  verifies (:data:`VERIFICATIONS`, recorded as ``verification`` in the metadata):
   * ``multi-query`` (modern engines: vLLM v1, SGLang, TensorRT-LLM; this project's real engine): the
     query_len new tokens of a sequence are queries of one attention call, so its K and V of all context
     and new tokens are read once, and the new ones written;
@@ -45,7 +57,9 @@ the ``draft`` role of a (target, head) profile: their decoder layer(s) as ``line
 q/k/v over [embedding, fc output], twice the hidden size), their fc layer as one more ``linear`` term a pass (weights
 ``fc_inputs x hidden x hidden``), and ``lm_head`` over the rows the head computes: the target's vocabulary for EAGLE
 and MTP (the shared LM head is still read every pass), EAGLE-3's draft vocabulary (32,000 for Llama-3.1-8B's
-published head, a quarter of the target's 128,256). A head's prefill is its layer over the prompt (vLLM's EAGLE
+published head, a quarter of the target's 128,256). An MTP head (``mtp.json``, no model type of its own) is the
+target's last layer behind its projection: for DeepSeek-V3 one more MLA + mixture-of-experts block (its experts woken
+by the draft pass's tokens), in the target's precision. A head's prefill is its layer over the prompt (vLLM's EAGLE
 proposer runs the head over the prompt's tokens and the target's hidden states after the target's prefill); there
 is no separate model to prefill. Its memory is its own weights (fc, layer, norms, EAGLE-3's LM head; the embedding,
 and EAGLE's and MTP's LM head, are the target's) and one layer's KV per token. Approximation: EAGLE-3's fc runs once
@@ -56,206 +70,58 @@ overhead_per_layer_s`` (one layer) here, and a calibrated profile's ``pass_overh
 (:func:`profiles.calibrate.transfer`; vLLM v0 ran EAGLE through the draft model runner).
 
 A model too large for one GPU (Llama-3.1-70B in bf16 does not fit 80 GB) runs with tensor parallelism
-of degree ``tp`` (Megatron-LM, Shoeybi et al. 2019, sec. 3): FLOPs, weights and KV heads split ``tp``
-ways and each layer adds two all-reduces of the layer's activations (tokens x hidden x dtype bytes),
-ring all-reduce time ``latency + 2 (tp - 1) / tp x bytes / (link_bw x eff_link)`` (Patarasuk and Yuan
-2009), plus an all-gather of the vocabulary-parallel logits. The draft model runs unsharded on the
-first device (vLLM's ``speculative_draft_tensor_parallel_size = 1``), which makes that device the one
-whose memory runs out first.
+of degree ``tp`` (Megatron-LM, Shoeybi et al. 2019, sec. 3): FLOPs, weights and KV heads split ``tp`` ways (where
+the family does: latent attention's down-projections and cache stay whole on every device, KV heads fewer than
+``tp`` are replicated; ``tp`` must divide the attention heads, as vLLM requires) and each layer adds two
+all-reduces of the layer's activations (tokens x hidden x dtype bytes), ring all-reduce time ``latency + 2 (tp -
+1) / tp x bytes / (link_bw x eff_link)`` (Patarasuk and Yuan 2009), plus an all-gather of the vocabulary-parallel
+logits. With expert parallelism (``ep`` = ``tp``: vLLM's ``--enable-expert-parallel``, SGLang's ``--ep-size``) the
+experts are spread whole over the devices, a pass waits for the device with the most woken experts, and the
+feed-forward block's all-reduce becomes DeepEP's dispatch and combine all-to-all (:mod:`profiles.architectures.moe`).
+A draft model runs unsharded on the first device (vLLM's ``speculative_draft_tensor_parallel_size = 1``), which
+makes that device the one whose memory runs out first; a draft head (EAGLE, MTP) in the target's tensor-parallel
+group, as vLLM's speculative config sizes it.
 
 The roofline models an engine that appends to the KV cache in place (vLLM's paged cache; this project's optimized
 forward); the HF ``DynamicCache`` of the eager measured profiles copies the whole cache on each pass, so those
 exceed these at large batch x context. ``python -m profiles.analytical --out profiles/data`` regenerates the
 shipped profiles; ``python -m profiles.analytical --gpu h200 --target llama-2-7b --draft llama-68m --weights int4
---out P.csv`` makes one (then ``run_sim.py simulate --profile P.csv``).
+--out P.csv`` makes one (then ``run_sim.py simulate --profile P.csv``); ``--gpu h200 --tp 8 --target deepseek-v3
+--draft mtp --enable-expert-parallel`` one of DeepSeek-V3 with experts spread over 8 GPUs.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import sys
 from dataclasses import asdict, dataclass, replace
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from profiles.architectures import Architecture
+from profiles.architectures.moe import ROUTING_GINI_SOURCE, check_ep
+from profiles.architectures.precision import (WEIGHT_BYTES, WEIGHT_CHOICES, check_weights, compute_format,
+                                              kind_precisions)
+from profiles.architectures.sliding import attended_context, held_tokens
 from profiles.grid import GPU_GRID, Grid
-from profiles.models.config import HEAD_SHAPES, read_model_config
 from policies.errors import UserError, exit_on_user_error
 from simulator.costs.profile_table import VERIFICATIONS
-
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 GIB = 1024 ** 3
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-#: Bytes per projection weight at each weight-only precision (int4: two weights a byte; group scales ignored).
-WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5}
-
-
-# -- architectures -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Architecture:
-    """The sizes of a decoder-only transformer that costs and memory depend on (counts, not bytes); or of a draft head
-    (:data:`profiles.models.config.HEAD_SHAPES`: an fc layer, decoder layer(s) of its target's width and an LM head,
-    on the target's hidden states)."""
-
-    name: str
-    num_layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    tied_embeddings: bool
-    qkv_bias: bool
-    head: str | None = None
-    """A draft head's method (``eagle``, ``eagle3``, ``mtp``); None: a whole model."""
-    fc_inputs: int = 0
-    """Input width of the head's fc layer in hidden sizes (output: one); 0: no fc layer."""
-    attention_inputs: int = 1
-    """Input width of the q/k/v projections in hidden sizes (EAGLE-3's attention reads [embedding, fc output]: 2)."""
-    logit_vocab: int | None = None
-    """Rows of the LM head when not ``vocab`` (EAGLE-3's reduced draft vocabulary)."""
-    shares_embedding: bool = False
-    """The embedding is the target's: read, not held (a head)."""
-    shares_lm_head: bool = False
-    """The LM head is the target's: computed with, not held (EAGLE, MTP)."""
-
-    @classmethod
-    def from_config(cls, spec: str, where: str = "model", target: "Architecture | None" = None) -> "Architecture":
-        """From a shipped model name or a config file path (``where`` names the flag in errors); a draft head's
-        config needs the ``target`` whose hidden states it reads (:meth:`head_on`)."""
-        path, data = read_model_config(spec, where, head_ok=True)
-        if "speculative_method" not in data:
-            return cls.from_dict(data, path.stem, str(path))
-        if target is None:
-            raise UserError(f"{where}: {path} is an {data['speculative_method']} draft head: it runs on a target's "
-                            "hidden states, so it is priced as the draft of a target (give --target too)")
-        return cls.head_on(target, data, path.stem, str(path))
-
-    @classmethod
-    def head_on(cls, target: "Architecture", data: dict[str, Any], name: str, where: str) -> "Architecture":
-        """A draft head's architecture (``data``: its config, :mod:`profiles.models.config`) on ``target``: the sizes
-        the config leaves out are the target's, one decoder layer unless it says; its hidden size and vocabulary
-        must be the target's (it reads the target's hidden states and shares its embedding)."""
-        method = data["speculative_method"]
-        shape = HEAD_SHAPES[method]
-        inherited = {"model_type": "qwen2" if target.qkv_bias else "llama", "hidden_size": target.hidden,
-                     "num_attention_heads": target.heads, "num_key_value_heads": target.kv_heads,
-                     "head_dim": target.head_dim, "intermediate_size": target.intermediate,
-                     "vocab_size": target.vocab, "num_hidden_layers": 1}
-        arch = cls.from_dict({**inherited, **data}, name, where)
-        for key, mine, theirs, why in (("hidden_size", arch.hidden, target.hidden, "reads the target's hidden states"),
-                                       ("vocab_size", arch.vocab, target.vocab, "shares the target's embedding")):
-            if mine != theirs:
-                raise UserError(f"{where}: {key} {mine} is not the target {target.name}'s {theirs}: an {method} head "
-                                f"{why}")
-        if shape.attention_inputs > 1 and arch.num_layers != 1:
-            raise UserError(f"{where}: num_hidden_layers must be 1 for an {method} head (its one layer's attention "
-                            f"reads [embedding, fc output]; got {arch.num_layers})")
-        draft_vocab = data.get("draft_vocab_size")
-        if draft_vocab is not None and not shape.own_lm_head:
-            raise UserError(f"{where}: draft_vocab_size: an {method} head computes its logits with the target's LM "
-                            "head (only an eagle3 head has a vocabulary of its own)")
-        if draft_vocab is not None and (isinstance(draft_vocab, bool) or not isinstance(draft_vocab, int)
-                                        or not 0 < draft_vocab <= arch.vocab):
-            raise UserError(f"{where}: draft_vocab_size must be an integer in [1, vocab_size {arch.vocab}] "
-                            f"(got {draft_vocab!r})")
-        return replace(arch, head=method, fc_inputs=shape.fc_inputs, attention_inputs=shape.attention_inputs,
-                       logit_vocab=draft_vocab if shape.own_lm_head else None, tied_embeddings=False,
-                       shares_embedding=True, shares_lm_head=not shape.own_lm_head)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], name: str, where: str) -> "Architecture":
-        """From a parsed ``config.json`` of a supported ``model_type`` (HF defaults where a key is absent)."""
-
-        def size(key: str, default: int | None = None) -> int:
-            value = default if data.get(key) is None else data[key]
-            if value is None:
-                raise UserError(f"{where}: {key} missing")
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise UserError(f"{where}: {key} must be a positive integer (got {value!r})")
-            return value
-
-        hidden, heads = size("hidden_size"), size("num_attention_heads")
-        head_dim = data.get("head_dim") or hidden // heads
-        return cls(name=name, num_layers=size("num_hidden_layers"), hidden=hidden, heads=heads,
-                   kv_heads=size("num_key_value_heads", heads), head_dim=size("head_dim", head_dim),
-                   intermediate=size("intermediate_size"), vocab=size("vocab_size"),
-                   tied_embeddings=bool(data.get("tie_word_embeddings", False)),
-                   qkv_bias=data["model_type"] == "qwen2" or bool(data.get("attention_bias", False)))
-
-    def with_layers(self, num_layers: int) -> "Architecture":
-        """The same model cut (or grown) to ``num_layers`` decoder layers."""
-        return replace(self, num_layers=num_layers)
-
-    @property
-    def lm_vocab(self) -> int:
-        """Rows of the LM head (the logits a pass computes per token): ``vocab``, or a head's draft vocabulary."""
-        return self.vocab if self.logit_vocab is None else self.logit_vocab
-
-    @property
-    def layer_linear_params(self) -> int:
-        """Weights of one layer's projections: q, k, v (over ``attention_inputs`` hidden sizes), o (attention) and
-        gate, up, down (SwiGLU MLP)."""
-        q_out, kv_out = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        bias = q_out + 2 * kv_out if self.qkv_bias else 0
-        return self.attention_inputs * self.hidden * (q_out + 2 * kv_out) + q_out * self.hidden \
-            + 3 * self.hidden * self.intermediate + bias
-
-    @property
-    def fc_params(self) -> int:
-        """Weights of a head's fc layer: ``fc_inputs`` hidden sizes in, one out (no bias, as vLLM's); 0 for a model."""
-        return self.fc_inputs * self.hidden * self.hidden
-
-    @property
-    def params(self) -> int:
-        """Parameters held in memory: layers (projections and two RMSNorms each, EAGLE-3's third), final norm,
-        embedding and LM head; a head holds its fc layer, layer(s), norms and its own LM head only (EAGLE-3's), the
-        embedding (and EAGLE's and MTP's LM head) being the target's."""
-        embedding = 0 if self.shares_embedding else self.vocab * self.hidden
-        lm_head = 0 if self.shares_lm_head or self.tied_embeddings else self.lm_vocab * self.hidden
-        norms = (self.num_layers * 2 + self.attention_inputs) * self.hidden  # two a layer, the final one, EAGLE-3's
-        return self.num_layers * self.layer_linear_params + self.fc_params + norms + embedding + lm_head
-
-    def weight_bytes(self, dtype_bytes: float, linear_bytes: float | None = None) -> float:
-        """Bytes of the weights: the projections (a head's fc layer too) at ``linear_bytes`` per parameter
-        (weight-only quantization; default ``dtype_bytes``), embeddings, norms and LM head at ``dtype_bytes``."""
-        linear = self.num_layers * self.layer_linear_params + self.fc_params
-        other = self.params - linear
-        return linear * (dtype_bytes if linear_bytes is None else linear_bytes) + other * dtype_bytes
-
-    def draft_meta(self) -> dict[str, Any]:
-        """What a profile's metadata says of this model as a draft: for a head its method (vLLM's name, which a
-        simulation's ``speculative_method`` must match), what it shares with the target and its LM head's rows."""
-        if self.head is None:
-            return {}
-        shared = ["embedding"] + (["lm_head"] if self.shares_lm_head else [])
-        return {"speculative_method": self.head, "shares_with_target": shared, "fc_inputs": self.fc_inputs,
-                "attention_inputs": self.attention_inputs, "lm_head_rows": self.lm_vocab,
-                "structure": HEAD_SHAPES[self.head].source}
-
-    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
-        """KV cache bytes of one token: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
-        return 2 * self.num_layers * self.kv_heads * self.head_dim * dtype_bytes
-
-    def activation_elements(self, tp: int = 1) -> float:
-        """Elements one token's activations move through one layer's unfused kernels (reads + writes):
-        the two RMSNorms and residual adds and the projections' inputs and outputs (15 x hidden; EAGLE-3's
-        attention over [embedding, x] adds its third RMSNorm, the concatenation and q/k/v's wider input, 9 x hidden),
-        the attention-width tensors q, k, v, rotary and attention output ((5 heads + 4 kv_heads) x head_dim)
-        and the MLP's gate/up outputs, SiLU-and-multiply and down input (6 x intermediate); the
-        attention- and MLP-width ones split over ``tp`` devices."""
-        sharded = 6 * self.intermediate + (5 * self.heads + 4 * self.kv_heads) * self.head_dim
-        return (15 + 9 * (self.attention_inputs - 1)) * self.hidden + sharded / tp
 
 
 # -- hardware ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GPU:
-    """Datasheet figures: dense bf16 tensor FLOP/s, HBM bytes/s, memory GiB, NVLink bytes/s per direction."""
+    """Datasheet figures of one GPU (``profiles/data/gpus.csv``, its ``source`` column kept): dense tensor-core FLOP/s
+    in bf16 (``peak_flops``), fp8 and fp4 (None: no such tensor cores), HBM bytes/s, memory GiB (the driver's figure
+    where known, ``profiles/data/gpus.md``), scale-up link bytes/s per direction."""
 
     name: str
     peak_flops: float
@@ -263,19 +129,50 @@ class GPU:
     memory_gib: float
     link_bandwidth: float
     source: str
+    fp8_flops: float | None = None
+    fp4_flops: float | None = None
+    link: str = ""
+
+    @property
+    def formats(self) -> frozenset[str]:
+        """The low-precision tensor-core formats it has (of ``fp8``, ``fp4``)."""
+        return frozenset(f for f, rate in (("fp8", self.fp8_flops), ("fp4", self.fp4_flops)) if rate)
+
+    def peak(self, fmt: str) -> float:
+        """Dense FLOP/s in ``fmt`` (``bf16``, ``fp8``, ``fp4``; one it has)."""
+        return {"bf16": self.peak_flops, "fp8": self.fp8_flops, "fp4": self.fp4_flops}[fmt]
 
 
-GPUS: dict[str, GPU] = {
-    "a100-80gb": GPU("NVIDIA A100-SXM4-80GB", 312e12, 2.039e12, 80.0, 300e9,
-                     "NVIDIA A100 Tensor Core GPU datasheet (2021): bf16 312 TFLOPS dense, HBM2e 2,039 GB/s, "
-                     "80 GB (81920 MiB); NVLink3 600 GB/s total = 300 GB/s per direction"),
-    "h100-80gb": GPU("NVIDIA H100 80GB HBM3 (SXM5)", 989e12, 3.35e12, 81559 / 1024, 450e9,
-                     "NVIDIA H100 Tensor Core GPU datasheet (2023), SXM5: bf16 989 TFLOPS dense (1,979 with "
-                     "sparsity), HBM3 3.35 TB/s, 80 GB (81559 MiB usable); NVLink4 900 GB/s = 450 per direction"),
-    "h200": GPU("NVIDIA H200 (SXM)", 989e12, 4.8e12, 143771 / 1024, 450e9,
-                "NVIDIA H200 Tensor Core GPU datasheet (2024), SXM: bf16 989 TFLOPS dense (1,979 with "
-                "sparsity), HBM3e 4.8 TB/s, 141 GB (143771 MiB usable); NVLink4 900 GB/s = 450 per direction"),
-}
+GPUS_CSV = DATA_DIR / "gpus.csv"
+#: The dense bf16 rate the roofline's efficiencies were fitted against (:data:`EFFICIENCY_SOURCE`) and every shipped
+#: H100/H200 profile was made with: 989 TFLOPS (aiconfigurator's rounding), kept; ``gpus.csv`` gives the datasheet's
+#: 1,979 with sparsity / 2 = 989.5, 0.05% more.
+FITTED_BF16_FLOPS = {"h100-80gb": 989e12, "h200": 989e12}
+
+
+def read_gpus(path: Path = GPUS_CSV) -> dict[str, GPU]:
+    """The GPUs of ``gpus.csv``, by key (its figures as written; memory: ``memory_gib_driver`` where filled, else
+    ``memory_gib``)."""
+    def number(text: str) -> float | None:
+        return float(text) if text.strip() else None
+
+    gpus = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            key = row["key"]
+            fitted = f"; bf16 priced at {FITTED_BF16_FLOPS[key]:g} (the rate the efficiencies were fitted against, " \
+                "FITTED_BF16_FLOPS)" if key in FITTED_BF16_FLOPS else ""
+            gpus[key] = GPU(name=row["name"], peak_flops=FITTED_BF16_FLOPS.get(key, float(row["bf16_dense_flops"])),
+                            hbm_bandwidth=float(row["hbm_bytes_per_s"]),
+                            memory_gib=number(row["memory_gib_driver"]) or float(row["memory_gib"]),
+                            link_bandwidth=float(row["link_bytes_per_s_per_direction"]),
+                            source=f"profiles/data/gpus.csv: {row['source']}{fitted}",
+                            fp8_flops=number(row["fp8_dense_flops"]), fp4_flops=number(row["fp4_dense_flops"]),
+                            link=row["link_name"])
+    return gpus
+
+
+GPUS: dict[str, GPU] = read_gpus()
 
 
 @dataclass(frozen=True)
@@ -330,97 +227,143 @@ def _roofline(flops: float, bytes_moved: float, gpu: GPU, eff: Efficiency) -> fl
     return max(flops / (gpu.peak_flops * eff.compute), bytes_moved / (gpu.hbm_bandwidth * eff.bandwidth))
 
 
+@lru_cache(maxsize=256)
+def _precision_factors(quantization: tuple[tuple[str, str], ...], weights: str, gpu: GPU,
+                       dtype_bytes: int) -> tuple[dict[str, float], dict[str, float], bool]:
+    """Per weight kind: bytes per weight, and the factor that turns its FLOPs into bf16 FLOPs (the roofline's one
+    peak: a low-precision rate's FLOPs count as bf16 FLOPs scaled by the rates' ratio); and whether the experts'
+    tokens are dispatched in FP8 (they compute in a low-precision format)."""
+    precisions = kind_precisions(quantization, weights)
+    width = {kind: WEIGHT_BYTES[p] for kind, p in precisions.items()} | {"router": dtype_bytes}
+    scale = {kind: gpu.peak_flops / gpu.peak(compute_format(p, gpu.formats)) for kind, p in precisions.items()}
+    return width, scale, compute_format(precisions["experts"], gpu.formats) != "bf16"
+
+
 def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_len: int, context_len: int,
               dtype_bytes: int = 2, tp: int = 1, eff: Efficiency = Efficiency(),
-              verification: str = "multi-query", weight_bytes: float | None = None,
-              all_logits: bool = True) -> PassCost:
-    """The roofline seconds of one ``prefill`` or ``decode`` pass (see the module docstring); ``weight_bytes``:
-    bytes per projection weight (weight-only quantization; default ``dtype_bytes``); ``all_logits``: a decode pass
+              verification: str = "multi-query", weights: str = "auto", all_logits: bool = True, ep: int = 1,
+              routing_gini: float = 0.0) -> PassCost:
+    """The roofline seconds of one ``prefill`` or ``decode`` pass (see the module docstring); ``weights``: the
+    projections' precision (:data:`WEIGHT_CHOICES`; ``auto``: the checkpoint's); ``all_logits``: a decode pass
     computes the logits of every new token (a verification), else of each sequence's last (a draft pass, whose
-    catch-up feeds several tokens per sequence)."""
-    weight_bytes = dtype_bytes if weight_bytes is None else weight_bytes
+    catch-up feeds several tokens per sequence); ``ep``: expert parallelism over the ``tp`` devices (1 or ``tp``);
+    ``routing_gini``: the experts' load skew (:mod:`profiles.architectures.moe`)."""
     if verification not in VERIFICATIONS:
         raise UserError(f"verification must be one of {', '.join(VERIFICATIONS)} (got {verification!r})")
     tokens = batch_size * query_len
-    kv_width = 2 * arch.kv_heads * arch.head_dim / tp  # K and V elements per token and layer on one device
-    linear = _roofline(2 * tokens * arch.layer_linear_params / tp,
-                       arch.layer_linear_params / tp * weight_bytes
-                       + tokens * arch.activation_elements(tp) * dtype_bytes,
-                       gpu, eff)
-    mean_keys = context_len + (query_len + 1) / 2
-    if phase == "decode" and verification == "batch-expansion":  # q sequences over contexts c + j, each read
-        kv_tokens = query_len * context_len + query_len * (query_len - 1) / 2 + 2 * query_len
-    else:
-        kv_tokens = context_len + 2 * query_len
-    attention = _roofline(4 * tokens * mean_keys * arch.heads * arch.head_dim / tp,
-                          batch_size * kv_tokens * kv_width * dtype_bytes, gpu, eff)
+    width, scale, fp8_dispatch = _precision_factors(arch.quantization, weights, gpu, dtype_bytes)
+    link = gpu.link_bandwidth * eff.link
+    all_reduce = eff.collective_latency_s + 2 * (tp - 1) / tp * tokens * arch.hidden * dtype_bytes / link
+    linear = attention = comm = 0.0
+    for layer, count in arch.layer_counts:
+        matmuls = layer.attention.matmuls(tokens, tp) + layer.ffn.matmuls(tokens, tp, ep, routing_gini)
+        activations = (15 + 9 * (arch.attention_inputs - 1)) * arch.hidden \
+            + layer.attention.activation_elements() / tp + layer.ffn.activation_elements(tp)
+        linear += count * _roofline(sum(m.flops * scale[m.kind] for m in matmuls),
+                                    sum(m.weights * width[m.kind] for m in matmuls)
+                                    + tokens * activations * dtype_bytes, gpu, eff)
+        context = attended_context(context_len, layer.window)
+        mean_keys = context + (query_len + 1) / 2
+        if phase == "decode" and verification == "batch-expansion":  # q sequences over contexts c + j, each read
+            kv_tokens = query_len * context + query_len * (query_len - 1) / 2 + 2 * query_len
+        else:
+            kv_tokens = context + 2 * query_len
+        op = layer.attention.attention(phase, tokens, batch_size, mean_keys, kv_tokens, tp, dtype_bytes)
+        attention += count * _roofline(op.flops, op.bytes, gpu, eff)
+        if tp > 1:  # the attention's output all-reduced; the block's too, or its tokens sent to experts and back
+            sent = layer.ffn.all_to_all_bytes(tokens, ep, fp8_dispatch)
+            comm += count * (all_reduce + (all_reduce if sent is None else 2 * eff.collective_latency_s + sent / link))
     fc = 0.0
     if arch.fc_inputs:  # a head's fc layer, once a pass: its weights and each token's input and output
-        fc = _roofline(2 * tokens * arch.fc_params / tp, arch.fc_params / tp * weight_bytes
+        fc = _roofline(2 * tokens * arch.fc_params / tp, arch.fc_params / tp * width["mlp"]
                        + tokens * (arch.fc_inputs + 1) * arch.hidden * dtype_bytes, gpu, eff)
     logit_rows = tokens if phase == "decode" and all_logits else batch_size
     vocab = arch.lm_vocab  # a shared LM head is read all the same: sharing saves memory, not bandwidth
     head_bytes = (vocab * arch.hidden / tp + logit_rows * vocab / tp + 2 * tokens * arch.hidden) * dtype_bytes
     lm_head = _roofline(2 * logit_rows * arch.hidden * vocab / tp, head_bytes, gpu, eff)
-    comm = 0.0
     if tp > 1:
-        link = gpu.link_bandwidth * eff.link
-        all_reduce = eff.collective_latency_s + 2 * (tp - 1) / tp * tokens * arch.hidden * dtype_bytes / link
-        gather = eff.collective_latency_s + (tp - 1) / tp * logit_rows * vocab * dtype_bytes / link
-        comm = 2 * arch.num_layers * all_reduce + gather
-    return PassCost(linear_s=arch.num_layers * linear + fc, attention_s=arch.num_layers * attention, lm_head_s=lm_head,
+        comm += eff.collective_latency_s + (tp - 1) / tp * logit_rows * vocab * dtype_bytes / link
+    return PassCost(linear_s=linear + fc, attention_s=attention, lm_head_s=lm_head,
                     comm_s=comm, overhead_s=eff.overhead_fixed_s + eff.overhead_per_layer_s * arch.num_layers)
 
 
 # -- shipped profiles ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Deployment:
-    """A target/draft pair on ``tp`` GPUs of one kind (the target sharded ``tp`` ways, the draft whole on
-    the first GPU)."""
+    """A target/draft pair on ``tp`` GPUs of one kind: the target sharded ``tp`` ways (its experts spread over them
+    with ``ep`` = ``tp``), a draft head in the target's tensor-parallel group (vLLM's speculative config gives EAGLE
+    and MTP drafts the target's size), a draft model whole on the first GPU."""
 
     gpu_key: str
     target: str
     draft: str
     tp: int
     verification: str = "multi-query"
-    weights: str = "bf16"
-    """The target's projection weights (:data:`WEIGHT_BYTES`; weight-only)."""
-    draft_weights: str = "bf16"
+    weights: str = "auto"
+    """The target's projection weights (:data:`WEIGHT_CHOICES`; ``auto``: as its checkpoint stores them)."""
+    draft_weights: str = "auto"
     """The draft's projection weights."""
+    ep: int = 1
+    """Expert parallelism: 1, or ``tp`` (vLLM's ``--enable-expert-parallel``, SGLang's ``--ep-size``)."""
+    routing_gini: float = 0.0
+    """The experts' load skew (:mod:`profiles.architectures.moe`; 0: uniform routing)."""
 
     def __post_init__(self) -> None:
         if self.gpu_key not in GPUS:
             raise UserError(f"--gpu: must be one of {', '.join(GPUS)} (got {self.gpu_key!r})")
-        if not isinstance(self.tp, int) or self.tp < 1:
+        if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
             raise UserError(f"--tp: must be an integer >= 1 (got {self.tp!r})")
         if self.verification not in VERIFICATIONS:
             raise UserError(f"--verification: must be one of {', '.join(VERIFICATIONS)} (got {self.verification!r})")
-        for flag, value in (("--weights", self.weights), ("--draft-weights", self.draft_weights)):
-            if value not in WEIGHT_BYTES:
-                raise UserError(f"{flag}: must be one of {', '.join(WEIGHT_BYTES)} (got {value!r})")
+        check_weights(self.weights, "--weights")
+        check_weights(self.draft_weights, "--draft-weights")
+        check_ep(self.ep, self.tp)
+        if isinstance(self.routing_gini, bool) or not isinstance(self.routing_gini, (int, float)) \
+                or not 0 <= self.routing_gini < 1:
+            raise UserError(f"--routing-gini: must be a number in [0, 1) (got {self.routing_gini!r})")
 
     @property
     def stem(self) -> str:
-        """File stem: ``<gpu>[x<tp>]-analytical[-batch-expansion][-<weights>][-draft-<weights>]__<target>__<draft>``
-        (measured profiles have no ``-analytical``; the defaults, multi-query and bf16, no suffix)."""
+        """File stem: ``<gpu>[x<tp>]-analytical[-batch-expansion][-<weights>][-draft-<weights>][-ep<ep>]
+        [-gini<g>]__<target>__<draft>`` (measured profiles have no ``-analytical``; the defaults, multi-query, bf16
+        weights, no expert parallelism and uniform routing, no suffix). The weights named are those priced: a
+        checkpoint's own precision too (``-fp8`` for DeepSeek-V3 as published, ``-mxfp4`` for gpt-oss's experts)."""
         gpus = f"{self.gpu_key}x{self.tp}" if self.tp > 1 else self.gpu_key
         suffix = "" if self.verification == "multi-query" else f"-{self.verification}"
-        suffix += "" if self.weights == "bf16" else f"-{self.weights}"
-        suffix += "" if self.draft_weights == "bf16" else f"-draft-{self.draft_weights}"
+        target = Architecture.from_config(self.target, "--target")
+        for prefix, arch, weights in (("", target, self.weights),
+                                      ("draft-", Architecture.from_config(self.draft, "--draft", target),
+                                       self.draft_weights)):
+            stored = [p for p in dict.fromkeys(arch.precisions(weights)[k] for k in arch.projection_kinds)
+                      if p != "bf16"]
+            suffix += "".join(f"-{prefix}{p}" for p in stored)
+        suffix += f"-ep{self.ep}" if self.ep > 1 else ""
+        suffix += f"-gini{self.routing_gini:g}" if self.routing_gini else ""
         return f"{gpus}-analytical{suffix}__{self.target}__{self.draft}"
 
 
 #: The shipped analytical profiles: a 7B pair on one GPU, a 70B pair on the fewest GPUs it fits
 #: (140 GB of bf16 weights: 4 x 80 GB, or 2 x 141 GB), verified multi-query; the 7B pair verified by
 #: batch expansion (SmartSpec's engine); and Llama-3.1-8B on an H100 with its EAGLE-3 and EAGLE heads (the
-#: vLLM-calibrated versions of those are transfers: docs/trees_and_heads.md, "Draft heads").
+#: vLLM-calibrated versions of those are transfers: docs/trees_and_heads.md, "Draft heads"). Then the families of
+#: issue 31: Gemma-2-9B with Gemma-2-2B as draft (sliding windows) on an H100 and an A100; Qwen3-8B and Qwen3-30B-A3B
+#: (a mixture of experts) with their EAGLE-3 heads on an H200; DeepSeek-V3 as published (FP8, MLA, MoE) on 8 x H200
+#: with its MTP layer as draft head; gpt-oss-120b (MXFP4 experts) with gpt-oss-20b on a B200, and on an MI300X
+#: Llama-3.1-70B whole (192 GB) and Qwen3-30B-A3B with its EAGLE-3 head.
 DEPLOYMENTS = tuple(
     Deployment(gpu, target, draft, tp, verification)
     for gpu, tp70 in (("a100-80gb", 4), ("h100-80gb", 4), ("h200", 2))
     for target, draft, tp, verification in (("llama-2-7b", "llama-68m", 1, "multi-query"),
                                             ("llama-2-7b", "llama-68m", 1, "batch-expansion"),
                                             ("llama-3.1-70b", "llama-3.2-1b", tp70, "multi-query"))
-) + tuple(Deployment("h100-80gb", "llama-3.1-8b", head, 1) for head in ("eagle3-llama-3.1-8b", "eagle-llama-3.1-8b"))
+) + tuple(Deployment("h100-80gb", "llama-3.1-8b", head, 1) for head in ("eagle3-llama-3.1-8b", "eagle-llama-3.1-8b")) \
+    + tuple(Deployment(gpu, "gemma-2-9b", "gemma-2-2b", 1) for gpu in ("h100-80gb", "a100-80gb")) \
+    + (Deployment("h200", "qwen3-8b", "eagle3-qwen3-8b", 1),
+       Deployment("h200", "qwen3-30b-a3b", "eagle3-qwen3-30b-a3b", 1),
+       Deployment("h200", "deepseek-v3", "mtp", 8),
+       Deployment("b200", "gpt-oss-120b", "gpt-oss-20b", 1),
+       Deployment("mi300x", "llama-3.1-70b", "llama-3.2-1b", 1),
+       Deployment("mi300x", "qwen3-30b-a3b", "eagle3-qwen3-30b-a3b", 1))
 
 #: Share of device memory usable (vLLM's gpu_memory_utilization default) and the activation reserve
 #: (GiB) when deciding whether a point's KV cache fits.
@@ -428,70 +371,132 @@ MEMORY_UTILIZATION = 0.9
 ACTIVATION_RESERVE_GIB = 2.0
 
 
-def kv_fits(target: Architecture, draft: Architecture, gpu: GPU, tp: int, tokens: int, dtype_bytes: int = 2,
-            target_weight_bytes: float | None = None, draft_weight_bytes: float | None = None) -> bool:
-    """Whether ``tokens`` tokens of target and draft KV cache fit the first device next to the weights
-    (target weights and KV split ``tp`` ways, the draft's whole there; projection weights at the given bytes)."""
-    weights = target.weight_bytes(dtype_bytes, target_weight_bytes) / tp \
-        + draft.weight_bytes(dtype_bytes, draft_weight_bytes)
-    kv = tokens * (target.kv_bytes_per_token(dtype_bytes) / tp + draft.kv_bytes_per_token(dtype_bytes))
-    return weights + kv + ACTIVATION_RESERVE_GIB * GIB <= MEMORY_UTILIZATION * gpu.memory_gib * GIB
+@dataclass(frozen=True)
+class Placement:
+    """Where a deployment's target and draft run: each role's architecture, tensor- and expert-parallel degree and
+    weights (:meth:`of`), and what the first device holds of them at ``dtype_bytes`` a KV element: the weights'
+    bytes, and each role's KV bytes per token by layer window."""
+
+    archs: dict[str, Architecture]
+    tps: dict[str, int]
+    eps: dict[str, int]
+    weights: dict[str, str]
+    dtype_bytes: int = 2
+
+    @classmethod
+    def of(cls, dep: Deployment, dtype_bytes: int = 2) -> "Placement":
+        target = Architecture.from_config(dep.target, "--target")
+        draft = Architecture.from_config(dep.draft, "--draft", target)
+        head = draft.head is not None
+        placement = cls({"target": target, "draft": draft}, {"target": dep.tp, "draft": dep.tp if head else 1},
+                        {"target": dep.ep, "draft": dep.ep if head else 1},
+                        {"target": dep.weights, "draft": dep.draft_weights}, dtype_bytes)
+        for role, arch in placement.archs.items():
+            arch.check_parallel(placement.tps[role], placement.eps[role], f"--tp ({role} {arch.name})")
+        return placement
+
+    @cached_property
+    def device_weight_bytes(self) -> float:
+        return sum(arch.weight_bytes(self.dtype_bytes, self.weights[role], self.tps[role])
+                   for role, arch in self.archs.items())
+
+    @cached_property
+    def kv_groups(self) -> list[tuple[int | None, int]]:
+        """(window, KV bytes per token on the first device) of both roles' layers."""
+        return [group for role, arch in self.archs.items()
+                for group in arch.kv_groups(self.dtype_bytes, self.tps[role]).items()]
+
+
+def kv_fits(place: Placement, gpu: GPU, batch_size: int, seq_tokens: int, new_tokens: int = 1) -> bool:
+    """Whether ``batch_size`` sequences of ``seq_tokens`` (``new_tokens`` of them in this pass) of target and draft
+    KV cache fit the first device next to the weights (each role's weights and KV per device; a sliding-window
+    layer's KV only its window, :func:`~profiles.architectures.sliding.held_tokens`)."""
+    kv = batch_size * sum(held_tokens(seq_tokens, new_tokens, window) * size for window, size in place.kv_groups)
+    return place.device_weight_bytes + kv + ACTIVATION_RESERVE_GIB * GIB <= MEMORY_UTILIZATION * gpu.memory_gib * GIB
+
+
+def memory_figures(place: Placement, gpu: GPU, tp: int, dtype_bytes: int) -> dict[str, Any]:
+    """The profile's ``memory`` block (:class:`simulator.costs.profile_table.Memory`): one engine over ``tp``
+    devices, device memory summed over them and each role's weights and KV per token as the sum of what every
+    device holds (a draft model on the first device counted ``tp`` times, so that the simulator's budget (memory -
+    weights) / KV per token gives the first device's token capacity); a sliding-window model's KV per token split
+    into the part in its sliding layers and their window."""
+    archs, tps = place.archs, place.tps
+    memory: dict[str, Any] = {"device_memory_gb": gpu.memory_gib * tp}
+    for role in archs:
+        memory[f"{role}_weight_gb"] = archs[role].weight_bytes(dtype_bytes, place.weights[role], tps[role]) * tp / GIB
+    for role in archs:
+        memory[f"{role}_kv_bytes_per_token"] = archs[role].kv_bytes_per_token(dtype_bytes, tps[role]) * tp
+    for role, arch in archs.items():
+        windows = arch.windows
+        if len(windows) > 1:
+            raise UserError(f"--{role} {arch.name}: sliding windows of {len(windows)} sizes {windows} (the memory "
+                            "figures hold one window a role)")
+        if windows:
+            groups = arch.kv_groups(dtype_bytes, tps[role])
+            memory[f"{role}_sliding_kv_bytes_per_token"] = groups[windows[0]] * tp
+            memory[f"{role}_sliding_window"] = windows[0]
+    return memory
 
 
 def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
                        eff: Efficiency = Efficiency()) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Rows and metadata of one analytical profile over ``grid``, leaving out points whose KV cache does not fit (:func:`kv_fits`)."""
+    """Rows and metadata of one analytical profile over ``grid``, leaving out points whose KV cache does not fit
+    (:func:`kv_fits`)."""
     gpu, dtype_bytes = GPUS[dep.gpu_key], DTYPE_BYTES[dtype]
-    target = Architecture.from_config(dep.target, "--target")
-    archs = {"target": target, "draft": Architecture.from_config(dep.draft, "--draft", target)}
-    tps = {"target": dep.tp, "draft": 1}
-    wbytes = {"target": WEIGHT_BYTES[dep.weights], "draft": WEIGHT_BYTES[dep.draft_weights]}
+    place = Placement.of(dep, dtype_bytes)
+    archs = place.archs
     rows, skipped = [], 0
     for point in grid.points():
-        tokens = point.batch_size * (point.context_len + point.query_len)
-        if not kv_fits(archs["target"], archs["draft"], gpu, dep.tp, tokens, dtype_bytes, wbytes["target"],
-                       wbytes["draft"]):
+        if not kv_fits(place, gpu, point.batch_size, point.context_len + point.query_len, point.query_len):
             skipped += 1
             continue
-        arch = archs[point.role]
-        cost = pass_cost(arch, gpu, point.phase, point.batch_size, point.query_len, point.context_len,
-                         dtype_bytes, tps[point.role], eff, dep.verification, wbytes[point.role],
-                         all_logits=point.role == "target")
-        rows.append({**point.as_dict(), "seconds": cost.seconds, "num_layers": arch.num_layers})
+        role = point.role
+        cost = pass_cost(archs[role], gpu, point.phase, point.batch_size, point.query_len, point.context_len,
+                         dtype_bytes, place.tps[role], eff, dep.verification, place.weights[role],
+                         all_logits=role == "target", ep=place.eps[role], routing_gini=dep.routing_gini)
+        rows.append({**point.as_dict(), "seconds": cost.seconds, "num_layers": archs[role].num_layers})
     frame = pd.DataFrame(rows).sort_values(["role", "phase", "batch_size", "query_len", "context_len"])
-    memory = {
-        "device_memory_gb": gpu.memory_gib * dep.tp,
-        "target_weight_gb": archs["target"].weight_bytes(dtype_bytes, wbytes["target"]) / GIB,
-        "draft_weight_gb": archs["draft"].weight_bytes(dtype_bytes, wbytes["draft"]) * dep.tp / GIB,
-        "target_kv_bytes_per_token": archs["target"].kv_bytes_per_token(dtype_bytes),
-        "draft_kv_bytes_per_token": archs["draft"].kv_bytes_per_token(dtype_bytes) * dep.tp,
-    }
+
+    def model(role: str) -> dict[str, Any]:
+        arch = archs[role]
+        out = {"config": getattr(dep, role), "model_type": arch.model_type, "num_layers": arch.num_layers,
+               "params": arch.params, "active_params": arch.active_params, "tensor_parallel": place.tps[role],
+               "expert_parallel": place.eps[role], "weights": arch.weights_label(place.weights[role])}
+        if arch.windows:
+            out["sliding_windows"] = list(arch.windows)
+        return out
+
     meta = {
         "method": "analytical",
         "verification": dep.verification,
         "device": f"{dep.tp} x {gpu.name}" if dep.tp > 1 else gpu.name,
         "dtype": dtype,
-        "target": {"config": dep.target, "num_layers": archs["target"].num_layers, "params": archs["target"].params,
-                   "tensor_parallel": dep.tp, "weights": dep.weights},
-        "draft": {"config": dep.draft, "num_layers": archs["draft"].num_layers, "params": archs["draft"].params,
-                  "tensor_parallel": 1, "weights": dep.draft_weights, **archs["draft"].draft_meta(),
+        "target": model("target"),
+        "draft": {**model("draft"), **archs["draft"].draft_meta(),
                   **({"pricing": HEAD_PRICING} if archs["draft"].head else {})},
-        "weights_note": "weight-only precision of the projections (embeddings, norms and LM head bf16); compute "
-                        "bf16; KV in dtype",
+        "weights_note": "projection weights at their precision (profiles/architectures/precision.py: bytes with block "
+                        "scales; fp8 W8A8 where the GPU has FP8, nvfp4 W4A4 where it has FP4, mxfp4 at the FP8 rate "
+                        "on Blackwell, else weight-only at bf16); embeddings, norms, router and LM head bf16; KV in "
+                        "dtype",
         "gpu": asdict(gpu),
         "efficiency": asdict(eff),
         "efficiency_source": EFFICIENCY_SOURCE,
         "formula": "sum over linear/attention/lm_head of max(FLOPs/(peak*compute), bytes/(bw*bandwidth)) "
-                   "+ tensor-parallel all-reduces + overhead_fixed_s + overhead_per_layer_s*layers "
-                   "(profiles/analytical.py)",
+                   "+ tensor-parallel all-reduces (or expert-parallel all-to-all) + overhead_fixed_s "
+                   "+ overhead_per_layer_s*layers (profiles/analytical.py)",
         "grid": grid.as_dict(),
         "points_left_out": skipped,
         "kv_fit": {"memory_utilization": MEMORY_UTILIZATION, "activation_reserve_gb": ACTIVATION_RESERVE_GIB},
-        "memory": memory,
-        "memory_note": "one engine over tp devices: device memory summed over them; the draft (weights and "
-                       "KV, on the first device only) counted tp times, so that the simulator's budget "
-                       "(memory - weights) / KV per token gives the first device's token capacity",
+        "memory": memory_figures(place, gpu, dep.tp, dtype_bytes),
+        "memory_note": "one engine over tp devices: device memory summed over them; each role's weights and KV per "
+                       "token summed over the devices that hold them (a draft model, on the first device only, "
+                       "counted tp times), so that the simulator's budget (memory - weights) / KV per token gives the "
+                       "first device's token capacity; sliding-window layers' share of the KV per token is held for "
+                       "their window only",
     }
+    if any(arch.active_params < arch.params for arch in archs.values()):
+        meta["routing"] = {"routing_gini": dep.routing_gini, "source": ROUTING_GINI_SOURCE}
     return frame, meta
 
 
@@ -553,11 +558,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--target", default="llama-2-7b", help="target model config (shipped name or path)")
     parser.add_argument("--draft", default="llama-68m", help="draft model config (shipped name or path), or a draft "
                                                              "head's (eagle3-llama-3.1-8b, eagle-llama-3.1-8b, mtp)")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the target (default 1)")
+    parser.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
+                        help="tensor-parallel degree of the target (vLLM's --tensor-parallel-size; default 1)")
+    parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree: 1, or --tp to spread the experts "
+                                                          "over the tp GPUs (SGLang's --ep-size; default 1)")
+    parser.add_argument("--enable-expert-parallel", action="store_true",
+                        help="vLLM's flag: expert parallelism over the tp GPUs (--ep equal to --tp)")
     parser.add_argument("--verification", default="multi-query", help=f"{' or '.join(VERIFICATIONS)}")
-    parser.add_argument("--weights", default="bf16", help=f"target projection weights: {', '.join(WEIGHT_BYTES)} "
-                                                          "(weight-only; default bf16)")
-    parser.add_argument("--draft-weights", default="bf16", help="draft projection weights (default bf16)")
+    parser.add_argument("--weights", default="auto", help=f"target projection weights: {', '.join(WEIGHT_CHOICES)} "
+                                                          "(default auto: as the checkpoint stores them)")
+    parser.add_argument("--draft-weights", default="auto", help="draft projection weights (default auto)")
+    parser.add_argument("--routing-gini", type=float, default=0.0,
+                        help="experts' load skew as a Gini coefficient (default 0, uniform routing; measured on real "
+                             "text 0.1-0.25+, docs/profiles.md)")
     args = parser.parse_args(argv)
     if args.gpu is None:
         for path in write_all(args.out):
@@ -565,7 +578,12 @@ def main(argv: list[str]) -> int:
         return 0
     from simulator.costs.profile_table import write_profile
 
-    dep = Deployment(args.gpu, args.target, args.draft, args.tp, args.verification, args.weights, args.draft_weights)
+    if args.enable_expert_parallel and args.ep not in (1, args.tp):
+        raise UserError(f"--enable-expert-parallel: spreads the experts over the --tp {args.tp} GPUs; --ep {args.ep} "
+                        "says otherwise")
+    ep = args.tp if args.enable_expert_parallel else args.ep
+    dep = Deployment(args.gpu, args.target, args.draft, args.tp, args.verification, args.weights, args.draft_weights,
+                     ep, args.routing_gini)
     frame, meta = analytical_profile(dep, GPU_GRID)
     out = Path(args.out)
     if out.is_dir():

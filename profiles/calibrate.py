@@ -468,7 +468,8 @@ def main(argv: list[str]) -> int:
                                                         "llama-3.1-8b, or a config.json path)")
     parser.add_argument("--draft", default="llama-3.2-1b", help="a draft model priced by the same calibrated model, "
                                                                 "for speculation what-ifs (default llama-3.2-1b)")
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the deployment (default 1)")
+    parser.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
+                        help="tensor-parallel degree of the deployment (vLLM's --tensor-parallel-size; default 1)")
     parser.add_argument("--fit", default=",".join(PARAMETERS),
                         help=f"parameters to fit, comma-separated, of {', '.join(PARAMETERS)} (default: all)")
     parser.add_argument("--start", help="take the parameters not fitted (and the fit's start) from this earlier "

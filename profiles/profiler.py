@@ -50,6 +50,8 @@ import numpy as np
 import pandas as pd
 
 from profiles.analytical import DTYPE_BYTES, GIB, Architecture
+from profiles.architectures.gqa import GQA
+from profiles.architectures.mlp import GatedMLP
 from profiles.grid import Grid, Group, Point
 from profiles.models.config import resolve_model_config
 from policies.errors import UserError
@@ -396,6 +398,11 @@ def _architectures(settings: ProfileSettings) -> dict[str, Architecture]:
         if full["draft"].head is not None and settings.forward != "eager":
             raise UserError(f"--forward {settings.forward}: a draft head ({full['draft'].head}) is timed on the eager "
                             "forward only; give --forward eager")
+    for role, arch in full.items():
+        if not all(isinstance(l.attention, GQA) and isinstance(l.ffn, GatedMLP) for l in arch.layers):
+            raise UserError(f"--{role} {arch.name}: the profiler's memory estimate (pass_memory_bytes) knows dense "
+                            f"grouped-query layers only, not {arch.model_type}'s latent attention or experts; price it "
+                            "with python -m profiles.analytical")
     if settings.num_layers is not None:
         full = {r: a if a.head else a.with_layers(settings.num_layers) for r, a in full.items()}
     if settings.scale_layers is not None and settings.scale_layers[1] > full["target"].num_layers:

@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from profiles.analytical import (DATA_DIR, DEPLOYMENTS, GPUS, Architecture, Deployment, Efficiency,
-                                 analytical_profile, fit_efficiency, kv_fits, pass_cost, read_model_config, write_all)
+from profiles.analytical import (DATA_DIR, DEPLOYMENTS, GPUS, Architecture, Deployment, Efficiency, Placement,
+                                 analytical_profile, fit_efficiency, kv_fits, pass_cost, write_all)
 from profiles.grid import GPU_GRID
+from profiles.models.config import read_model_config
 from simulator.costs.cost_model import load_cost_model
 from policies.errors import UserError
 from simulator.costs.profile_table import read_profile
@@ -90,17 +91,17 @@ def test_seconds_grow_with_batch_context_and_query_length(gpu, arch):
 
 
 def test_kv_fit_leaves_out_what_exceeds_the_memory():
-    draft = Architecture.from_config("llama-68m")
     a100 = GPUS["a100-80gb"]
-    assert kv_fits(LLAMA_7B, draft, a100, tp=1, tokens=128 * 128)
+    pair = Placement.of(Deployment("a100-80gb", "llama-2-7b", "llama-68m", 1))
+    assert kv_fits(pair, a100, batch_size=128, seq_tokens=128)
     # 256 x 4096 tokens x 518 KiB = 530 GB of KV: no 80 GB GPU holds that
-    assert not kv_fits(LLAMA_7B, draft, a100, tp=1, tokens=256 * 4096)
+    assert not kv_fits(pair, a100, batch_size=256, seq_tokens=4096)
     # 141 GB of 70B weights fit neither one 80 GB GPU nor one H200; they fit 4 x 80 GB and 2 x 141 GB
-    big_draft = Architecture.from_config("llama-3.2-1b")
-    assert not kv_fits(LLAMA_70B, big_draft, a100, tp=1, tokens=1)
-    assert not kv_fits(LLAMA_70B, big_draft, GPUS["h200"], tp=1, tokens=1)
-    assert kv_fits(LLAMA_70B, big_draft, a100, tp=4, tokens=1)
-    assert kv_fits(LLAMA_70B, big_draft, GPUS["h200"], tp=2, tokens=1)
+    big = {tp: Placement.of(Deployment("a100-80gb", "llama-3.1-70b", "llama-3.2-1b", tp)) for tp in (1, 2, 4)}
+    assert not kv_fits(big[1], a100, 1, 1)
+    assert not kv_fits(big[1], GPUS["h200"], 1, 1)
+    assert kv_fits(big[4], a100, 1, 1)
+    assert kv_fits(big[2], GPUS["h200"], 1, 1)
 
 
 def test_profile_rows_are_the_grid_points_that_fit():
@@ -119,20 +120,20 @@ def test_profile_rows_are_the_grid_points_that_fit():
 def test_weight_only_precision_shrinks_weight_reads_and_memory_not_compute():
     """int4 projection weights: a quarter of bf16's bytes, so a memory-bound decode pass reads about a quarter
     of the weights, a compute-bound prefill costs the same, and the KV cache gets the memory freed."""
-    bf16, int4 = (pass_cost(LLAMA_7B, H100, "decode", 1, 1, 128, eff=ROUND, weight_bytes=w) for w in (2.0, 0.5))
+    bf16, int4 = (pass_cost(LLAMA_7B, H100, "decode", 1, 1, 128, eff=ROUND, weights=w) for w in ("bf16", "int4"))
     assert int4.linear_s == pytest.approx(bf16.linear_s / 4, rel=0.01)
     assert int4.lm_head_s == bf16.lm_head_s  # the LM head stays bf16
-    big = [pass_cost(LLAMA_7B, H100, "prefill", 4, 4096, 0, eff=ROUND, weight_bytes=w).linear_s for w in (2.0, 0.5)]
+    big = [pass_cost(LLAMA_7B, H100, "prefill", 4, 4096, 0, eff=ROUND, weights=w).linear_s for w in ("bf16", "int4")]
     assert big[0] == big[1]
-    linear = LLAMA_7B.num_layers * LLAMA_7B.layer_linear_params
-    assert LLAMA_7B.weight_bytes(2, 0.5) == LLAMA_7B.weight_bytes(2) - 1.5 * linear
+    linear = 32 * 202_375_168  # the projections' weights
+    assert LLAMA_7B.weight_bytes(2, "int4") == LLAMA_7B.weight_bytes(2) - 1.5 * linear
     dep = Deployment("h100-80gb", "llama-2-7b", "llama-68m", 1, weights="int4")
     assert dep.stem == "h100-80gb-analytical-int4__llama-2-7b__llama-68m"
     frame4, meta4 = analytical_profile(dep, GPU_GRID)
     frame16, meta16 = analytical_profile(Deployment("h100-80gb", "llama-2-7b", "llama-68m", 1), GPU_GRID)
     assert meta4["memory"]["target_weight_gb"] < meta16["memory"]["target_weight_gb"] / 3
     assert meta4["points_left_out"] <= meta16["points_left_out"]
-    with pytest.raises(UserError, match="--weights: must be one of bf16, fp8, int8, int4"):
+    with pytest.raises(UserError, match="--weights: must be one of auto, bf16, fp8, int8, int4, mxfp4, nvfp4"):
         Deployment("h100-80gb", "llama-2-7b", "llama-68m", 1, weights="int3")
 
 
@@ -186,7 +187,8 @@ def test_model_config_errors_are_one_line(tmp_path):
         str(tmp_path / "missing.json"): "--target: no model config file or shipped model named",
         str(not_json): f"{not_json}: not a JSON model config",
         str(random_json): f"{random_json}: not a model config: model_type missing",
-        str(encoder): f"{encoder}: model_type is an unknown architecture (got 'bert'); supported: llama, qwen2",
+        str(encoder): f"{encoder}: model_type is an unknown architecture (got 'bert'); supported: llama, qwen2, "
+                      "qwen3, gemma2, mixtral, qwen3_moe, deepseek_v3, glm4_moe, gpt_oss",
         str(no_layers): f"{no_layers}: num_hidden_layers missing",
     }
     for spec, message in cases.items():
@@ -207,3 +209,95 @@ def test_a_draft_catch_up_pass_computes_only_each_sequences_last_logits():
     verify = pass_cost(arch, gpu, "decode", 8, 2, 512)
     assert catch_up.lm_head_s == pytest.approx(one.lm_head_s, rel=0.01)  # only the inputs' read is larger
     assert catch_up.lm_head_s < verify.lm_head_s and catch_up.linear_s == verify.linear_s
+
+
+# -- GPUs, weight precision and the command line (issue 31) ----------------------------------------------------------
+def test_the_gpus_are_gpus_csv_rows_with_their_sources():
+    import csv
+
+    from profiles.analytical import FITTED_BF16_FLOPS, GPUS_CSV
+
+    rows = {row["key"]: row for row in csv.DictReader(GPUS_CSV.open())}
+    assert sorted(GPUS) == sorted(rows) and {"b200", "gb200", "mi300x", "mi325x", "l40s", "h20"} <= set(GPUS)
+    for key, gpu in GPUS.items():
+        row = rows[key]
+        assert gpu.peak_flops == FITTED_BF16_FLOPS.get(key, float(row["bf16_dense_flops"]))
+        assert gpu.memory_gib == float(row["memory_gib_driver"] or row["memory_gib"])  # the driver's where known
+        assert row["source"] in gpu.source
+    assert GPUS["b200"].formats == {"fp8", "fp4"} and GPUS["mi300x"].formats == {"fp8"}
+    assert not GPUS["a100-80gb"].formats
+    # the rates the shipped profiles were made with: 989 TFLOPS, 81559 and 143771 MiB
+    assert (GPUS["h100-80gb"].memory_gib, GPUS["h200"].memory_gib) == (81559 / 1024, 143771 / 1024)
+    with pytest.raises(UserError, match="--gpu: must be one of a100-80gb, h100-80gb, h200, b200, gb200, mi300x, "
+                                        "mi325x, l40s, h20"):
+        Deployment("tpu-v5", "llama-2-7b", "llama-68m", 1)
+
+
+def test_each_precision_is_read_at_its_bytes_and_computed_where_the_gpu_can():
+    from profiles.architectures.precision import WEIGHT_BYTES, compute_format
+
+    assert WEIGHT_BYTES["mxfp4"] == (32 * 4 + 8) / 32 / 8  # 32 E2M1 values and one E8M0 scale
+    assert WEIGHT_BYTES["nvfp4"] == (16 * 4 + 8) / 16 / 8  # 16 E2M1 values and one E4M3 scale
+    table = {(p, g): compute_format(p, GPUS[g].formats) for p in ("fp8", "nvfp4", "mxfp4", "int4")
+             for g in ("a100-80gb", "h200", "b200", "mi300x")}
+    assert table == {("fp8", "a100-80gb"): "bf16", ("fp8", "h200"): "fp8", ("fp8", "b200"): "fp8",
+                     ("fp8", "mi300x"): "fp8", ("nvfp4", "a100-80gb"): "bf16", ("nvfp4", "h200"): "bf16",
+                     ("nvfp4", "b200"): "fp4", ("nvfp4", "mi300x"): "bf16", ("mxfp4", "a100-80gb"): "bf16",
+                     ("mxfp4", "h200"): "bf16", ("mxfp4", "b200"): "fp8", ("mxfp4", "mi300x"): "bf16",
+                     ("int4", "a100-80gb"): "bf16", ("int4", "h200"): "bf16", ("int4", "b200"): "bf16",
+                     ("int4", "mi300x"): "bf16"}
+    # a compute-bound 7B prefill at nvfp4: a quarter of the bf16 time on a B200's FP4 tensor cores, the same on an H200
+    b200, h200 = GPUS["b200"], GPUS["h200"]
+    for gpu, ratio in ((b200, 4.0), (h200, 1.0)):
+        dense, fp4 = (pass_cost(LLAMA_7B, gpu, "prefill", 4, 4096, 0, eff=ROUND, weights=w).linear_s
+                      for w in ("bf16", "nvfp4"))
+        assert dense / fp4 == pytest.approx(ratio, rel=1e-9)
+
+
+def test_a_checkpoints_own_precision_is_its_quantization_config():
+    gpt = Architecture.from_config("gpt-oss-120b")
+    assert gpt.precisions()["experts"] == "mxfp4" and gpt.precisions()["attention"] == "bf16"
+    # 3 x 2,880^2 x 128 x 36 = 114.7 G expert weights at 4.25 bits: 60.9 GB (architecture_notes.md sec. 4)
+    experts = sum(layer.ffn.experts * layer.ffn.expert_params for layer in gpt.layers)
+    assert experts * 0.53125 / 1e9 == pytest.approx(60.9, abs=0.05)
+    assert gpt.weight_bytes(2) == pytest.approx(experts * 0.53125 + (gpt.params - experts) * 2)
+    assert gpt.weights_label() == "experts mxfp4" and gpt.weights_label("bf16") == "bf16"
+    assert Deployment("b200", "gpt-oss-120b", "gpt-oss-20b", 1).stem == \
+        "b200-analytical-mxfp4-draft-mxfp4__gpt-oss-120b__gpt-oss-20b"
+
+
+def test_the_command_line_speaks_vllms_parallel_flag_names(tmp_path):
+    from profiles.analytical import main
+
+    out = tmp_path / "ds.csv"
+    assert main(["--gpu", "h200", "--tensor-parallel-size", "8", "--enable-expert-parallel", "--target", "deepseek-v3",
+                 "--draft", "mtp", "--routing-gini", "0.2", "--out", str(out)]) == 0
+    meta = json.loads(out.with_name("ds.meta.json").read_text())
+    assert (meta["target"]["tensor_parallel"], meta["target"]["expert_parallel"]) == (8, 8)
+    assert meta["draft"]["expert_parallel"] == 8  # the MTP head's experts too: it runs in the target's group
+    assert meta["routing"]["routing_gini"] == 0.2 and "arXiv 2605.20982" in meta["routing"]["source"]
+    assert meta["target"]["weights"] == "fp8" and "gpus.csv" in meta["gpu"]["source"]
+    assert Deployment("h200", "deepseek-v3", "mtp", 8, ep=8, routing_gini=0.2).stem == \
+        "h200x8-analytical-fp8-draft-fp8-ep8-gini0.2__deepseek-v3__mtp"
+    with pytest.raises(UserError, match="--enable-expert-parallel: spreads the experts over the --tp 8 GPUs"):
+        main(["--gpu", "h200", "--tp", "8", "--ep", "4", "--enable-expert-parallel", "--target", "deepseek-v3",
+              "--draft", "mtp", "--out", str(out)])
+
+
+def test_a_sliding_window_profile_writes_the_windowed_share_of_its_kv():
+    frame, meta = analytical_profile(Deployment("h100-80gb", "gemma-2-9b", "gemma-2-2b", 1), GPU_GRID)
+    memory = meta["memory"]
+    assert (memory["target_kv_bytes_per_token"], memory["target_sliding_kv_bytes_per_token"]) == (344_064, 172_032)
+    assert (memory["draft_sliding_kv_bytes_per_token"], memory["draft_sliding_window"]) == (53_248, 4096)
+    assert meta["target"]["sliding_windows"] == [4096]
+    # decode attention reads each layer's cache (context + 2 tokens a sequence): at 16k tokens the global half of the
+    # layers reads 16,386, the sliding half its window's 4,095 + 2; at 2k both read 2,050
+    gemma = Architecture.from_config("gemma-2-9b")
+    short, long = (pass_cost(gemma, H100, "decode", 8, 1, c).attention_s for c in (2048, 16384))
+    assert long / short == pytest.approx((16386 + 4097) / (2 * 2050), rel=1e-12)
+
+
+def test_an_mla_models_cache_is_on_every_tensor_parallel_device():
+    _, meta = analytical_profile(Deployment("h200", "deepseek-v3", "mtp", 8), replace(GPU_GRID, batch_sizes=(1,)))
+    assert meta["memory"]["target_kv_bytes_per_token"] == 8 * 61 * 576 * 2  # one latent per device, 8 devices
+    assert meta["memory"]["draft_kv_bytes_per_token"] == 8 * 576 * 2

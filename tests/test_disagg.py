@@ -17,7 +17,7 @@ from simulator.config import KV_LINK_NAMES, SimConfig
 from simulator.core.runner import run_simulation
 from simulator.costs.cost_model import load_cost_model
 from simulator.fleet import run as run_config
-from simulator.fleet.disagg import (GB, INSTANCE_COLUMNS, KV_LINKS, KVLink, gpus_per_instance, kv_bytes_per_token,
+from simulator.fleet.disagg import (GB, INSTANCE_COLUMNS, KV_LINKS, KVLink, gpus_per_instance, kv_transfer,
                                     kv_link, run_disagg)
 from simulator.inputs.workload import Workload
 from simulator.studies.cli import main
@@ -131,11 +131,11 @@ def test_kv_bytes_per_token_add_the_drafts_only_when_a_draft_model_speculates():
     cost = load_cost_model(VLLM_8B)
     target, draft = 131072, 32768  # Llama 3.1 8B: 2 x 32 layers x 8 KV heads x 128 x 2 bytes; Llama 3.2 1B: 16 layers
     assert (cost.memory.target_kv_bytes_per_token, cost.memory.draft_kv_bytes_per_token) == (target, draft)
-    assert kv_bytes_per_token(disagg(profile=VLLM_8B), cost) == target  # no-spec: the draft never runs
-    assert kv_bytes_per_token(disagg(profile=VLLM_8B, policy="fixed-k", k=3), cost) == target + draft
-    assert kv_bytes_per_token(disagg(profile=VLLM_8B, policy="goodput"), cost) == target + draft
-    assert kv_bytes_per_token(disagg(profile=VLLM_8B, policy="fixed-k", proposer="ngram"), cost) == target
-    assert kv_bytes_per_token(disagg(profile=VLLM_8B, policy="fixed-k", k=0), cost) == target
+    assert kv_transfer(disagg(profile=VLLM_8B), cost).per_token == target  # no-spec: the draft never runs
+    assert kv_transfer(disagg(profile=VLLM_8B, policy="fixed-k", k=3), cost).per_token == target + draft
+    assert kv_transfer(disagg(profile=VLLM_8B, policy="goodput"), cost).per_token == target + draft
+    assert kv_transfer(disagg(profile=VLLM_8B, policy="fixed-k", proposer="ngram"), cost).per_token == target
+    assert kv_transfer(disagg(profile=VLLM_8B, policy="fixed-k", k=0), cost).per_token == target
 
 
 def test_transfers_from_one_prefill_instance_go_one_at_a_time():

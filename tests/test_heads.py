@@ -51,11 +51,11 @@ def test_an_mtp_head_takes_its_widths_from_any_target():
     for target_name in ("llama-3.1-8b", "qwen2.5-7b", "tiny-target"):
         target = Architecture.from_config(target_name)
         mtp = Architecture.from_config("mtp", "--draft", target)
-        assert (mtp.hidden, mtp.intermediate, mtp.kv_heads, mtp.vocab, mtp.qkv_bias) == \
-            (target.hidden, target.intermediate, target.kv_heads, target.vocab, target.qkv_bias)
+        assert mtp.layers == (target.layers[-1],) and (mtp.hidden, mtp.vocab) == (target.hidden, target.vocab)
         assert mtp.num_layers == 1 and mtp.head == "mtp"
         # projection [hidden, embedding] 2H -> H and one of the target's layers; embedding and LM head shared
-        assert mtp.params == 2 * target.hidden ** 2 + target.layer_linear_params + 3 * target.hidden
+        layer = target.layers[-1]
+        assert mtp.params == 2 * target.hidden ** 2 + layer.attention.params + layer.ffn.params + 3 * target.hidden
 
 
 # -- the roofline ---------------------------------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def test_eagle3s_draft_vocabulary_makes_its_lm_head_a_quarter_as_dear():
     assert reduced / full == pytest.approx(32000 / 128256, rel=1e-3)
     # its layer reads [embedding, x]: q/k/v twice as wide, the rest as the target's layer
     wide_qkv = 4096 * (4096 + 2 * 1024)
-    assert EAGLE3.layer_linear_params - TARGET.layer_linear_params == wide_qkv
+    assert EAGLE3.layers[0].attention.params - TARGET.layers[0].attention.params == wide_qkv
 
 
 def test_a_head_prefill_is_its_layer_over_the_prompt_and_one_row_of_logits():

@@ -262,6 +262,8 @@ def test_cli_bad_input_raises_one_line_user_errors(tmp_path):
         "--scale-layers: N2 must be <= the target's 4 layers (got 8)": ("--target", "tiny-target",
                                                                         "--scale-layers", "2,8"),
         "run_sim.py profile: unrecognized arguments: --bogus": ("--target", "tiny-target", "--bogus"),
+        "--target qwen3-30b-a3b: the profiler's memory estimate (pass_memory_bytes) knows dense grouped-query layers "
+        "only": ("--target", "qwen3-30b-a3b"),
     }
     for message, args in cases.items():
         with pytest.raises(UserError) as err:

@@ -6,7 +6,7 @@ A draft head's config is an HF-style ``config.json`` of its decoder layer(s) (``
 published head (e.g. ``eagle3-llama-3.1-8b.json``, as ``yuhuili/EAGLE3-LLaMA3.1-Instruct-8B``). Sizes it leaves out
 are its target's, and ``model_type`` may be left out too: ``mtp.json`` holds only the method and so describes one
 MTP layer of whatever target it is paired with. A head reads its target's hidden states and shares its embedding,
-so its ``hidden_size`` and ``vocab_size`` must be the target's (:class:`profiles.analytical.Architecture` checks).
+so its ``hidden_size`` and ``vocab_size`` must be the target's (:class:`profiles.architectures.Architecture` checks).
 """
 from __future__ import annotations
 
@@ -20,15 +20,16 @@ from policies.errors import UserError
 
 MODELS_DIR = Path(__file__).resolve().parent
 
-#: Architectures whose structure (RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP, full
-#: attention in every layer) the roofline, the memory estimate and the KV-cache builder know.
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+#: Architectures the roofline, the memory estimate and the KV-block count know (one reader each:
+#: :data:`profiles.architectures.hf.READERS`).
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma2", "mixtral", "qwen3_moe", "deepseek_v3", "glm4_moe",
+                         "gpt_oss")
 
 
 @dataclass(frozen=True)
 class HeadShape:
     """What a draft head of one method is made of besides its decoder layer(s) of the target's width (widths in
-    hidden sizes H). Costs and weights follow from it (:class:`profiles.analytical.Architecture`)."""
+    hidden sizes H). Costs and weights follow from it (:class:`profiles.architectures.Architecture`)."""
 
     target_states: int
     """Hidden states of the target the head reads per token: EAGLE and MTP the last layer's (1); EAGLE-3 a low, a

@@ -6,7 +6,10 @@ Semantics (vLLM terms):
   ``max_num_batched_tokens`` prefill tokens (plus, under chunked prefill, the decode tokens).
 - KV cache: ``num_gpu_blocks`` blocks of ``block_size`` token slots. A request holds
   ceil(tokens / block_size) blocks for the tokens in its cache, and a decode step first reserves room
-  for the k + 1 tokens it verifies (the lookahead slots). Blocks are freed when a request finishes or
+  for the k + 1 tokens it verifies (the lookahead slots). A model with sliding-window layers (``EngineSpec.kv``,
+  :class:`simulator.core.memory.KVLayout`) holds in them only the window, as vLLM's hybrid KV-cache manager: the
+  general path, step by step, its blocks recounted at every reservation (freed as the window passes); a model
+  without keeps the fast path (the same arithmetic, the runs of steps). Blocks are freed when a request finishes or
   is preempted. When a decode step cannot get its blocks, the newest running request is preempted by
   recompute (as vLLM): it loses its cache, keeps its generated tokens, and returns to the head of the
   queue, where a later prefill recomputes prompt + generated tokens.
@@ -73,6 +76,7 @@ from policies.step_time import catchup_step_seconds, predict_step_seconds, predi
 from policies.tree import TreeFamily
 from policies.errors import UserError
 from simulator.core import runs
+from simulator.core.memory import KVLayout
 from simulator.core.prefix_cache import PrefixCache, prompt_keys
 from simulator.core.runs import BatchLoad, DecodeRuns
 from simulator.costs.cost_model import CostModel
@@ -107,6 +111,9 @@ class EngineSpec:
     max_concurrency: int | None = None
     """The client sends at most this many requests at a time (``vllm bench serve --max-concurrency``; None: no
     limit)."""
+    kv: KVLayout | None = None
+    """How a request's blocks follow its tokens when some layers slide (:mod:`simulator.core.memory`); None: every
+    layer holds every token, ceil(tokens / block_size) blocks (the fast path)."""
     tree: TreeFamily | None = None
     """Token trees (:mod:`policies.tree`; None: chains, also for a tree that is a chain): a proposal of k verifies
     ``tree.shape(k)``, priced by the step formula's tree form and accepted by the acceptance model's
@@ -141,6 +148,16 @@ class SimulatedEngine(DecodeRuns):
         self.acceptance = acceptance
         self.ngram_rng = ngram_rng
         self.rec = recorder
+        self.kv = spec.kv if spec.kv is not None else KVLayout(spec.block_size)
+        """Blocks per request (:class:`simulator.core.memory.KVLayout`)."""
+        self.windowed = self.kv.windowed
+        """The one switch between the fast path (False: no sliding-window layers) and the general one."""
+        self.pages: dict[int, int] = {}
+        """The general path's blocks of tokens each decoding request has allocated in every layer (vLLM keeps a
+        request's blocks, a step's unused lookahead slots included; only a window's passing frees any)."""
+        if self.windowed and spec.prefix_caching:
+            raise UserError("--enable-prefix-caching: prefix caching over sliding-window layers (their cached blocks "
+                            "freed as the window passes) is not modelled")
         self.unfit: set[int] = set()
         """Requests that can never fit in the KV cache: ignored, never queued."""
         self._check_fits()
@@ -208,7 +225,7 @@ class SimulatedEngine(DecodeRuns):
         # the front end, the client's closed loop and multi-step chunks move arrivals and steps off the workload's
         # clock that the runs of steps read ahead: step by step then (every speed shortcut off)
         stepwise = (spec.run_steps <= 1 or self.catchup or self.frontend > 0 or spec.max_concurrency is not None
-                    or spec.scheduler_steps > 1)
+                    or spec.scheduler_steps > 1 or self.windowed)
         # n-gram lookups hit or miss step by step, so only a draft model (or no speculation) runs steps together
         self.runs = (not stepwise and getattr(policy, "stationary", False) and not spec.chunked_prefill
                      and (spec.draft_proposer or not spec.speculative) and self.tree is None)
@@ -228,8 +245,8 @@ class SimulatedEngine(DecodeRuns):
         it (``self.unfit``: never queued, recorded as ignored) and serve the rest; with ``strict_fit``, or when
         no request fits at all, refuse the run naming the count and the first such request."""
         s = self.spec
-        need = -(-(self.workload.prompt_tokens + self.workload.output_tokens + lookahead(s.max_k, s.speculative))
-                 // s.block_size)
+        need = self.kv.most(self.workload.prompt_tokens + self.workload.output_tokens,
+                            lookahead(s.max_k, s.speculative))
         unfit = need > s.num_gpu_blocks
         if not unfit.any():
             return
@@ -379,7 +396,7 @@ class SimulatedEngine(DecodeRuns):
             return self.prompt[rid] + self.generated[rid]
 
         def reserve(rid: int, tokens: int) -> bool:
-            blocks = -(-tokens // s.block_size)
+            blocks = self.kv.blocks(0, tokens)
             if blocks > self.free_blocks:
                 return False
             self.free_blocks -= blocks
@@ -424,6 +441,7 @@ class SimulatedEngine(DecodeRuns):
 
     def _release(self, rid: int, blocks: int) -> None:
         """Request ``rid`` gives back its ``blocks`` KV blocks (finished or preempted)."""
+        self.pages.pop(rid, None)
         cache = self.cache
         if cache is None:
             self.free_blocks += blocks
@@ -512,13 +530,12 @@ class SimulatedEngine(DecodeRuns):
 
     def _grow_chunk(self, entry: Prefill, budget: int) -> int:
         """Reserve blocks for the next chunk of ``entry`` (at most ``budget`` tokens); return its size (0: no room)."""
-        bs = self.spec.block_size
         done, total, held = entry.done, entry.total, entry.blocks
-        room = (held + self.free_blocks) * bs - done  # tokens that fit in held + free blocks
+        room = self.kv.room(held, self.free_blocks, done)  # tokens that fit in held + free blocks
         chunk = min(total - done, budget, room)
         if chunk <= 0:
             return 0
-        need = -(-(done + chunk) // bs) - held
+        need = self.kv.blocks(done, done + chunk) - held
         self.free_blocks -= need
         entry.blocks += need
         if self.cache is not None:  # scheduled: its full prompt blocks in this chunk are cached now (vLLM v1)
@@ -590,11 +607,11 @@ class SimulatedEngine(DecodeRuns):
         """Received requests (:attr:`prefilled`) join the decode batch first come first served while a seat
         (``max_num_seqs``) and the blocks of their prompt's KV are free; none joins while a request preempted here waits
         to be recomputed (it came earlier). The rest wait in the queue."""
-        bs, seats = self.spec.block_size, self.spec.max_num_seqs - len(self.rid) - len(self.prefilling)
+        seats = self.spec.max_num_seqs - len(self.rid) - len(self.prefilling)
         while self.prefilled and seats > 0 and not self.waiting:
             rid = self.prefilled[0]
             tokens = self.prompt[rid]  # prompt + generated - 1, generated = 1
-            blocks = -(-tokens // bs)
+            blocks = self.kv.blocks(tokens, tokens)
             if blocks > self.free_blocks:
                 return
             self.prefilled.popleft()
@@ -625,6 +642,8 @@ class SimulatedEngine(DecodeRuns):
 
     def _reserve_decode_blocks(self, proposed: list[int]) -> None:
         """Reserve the lookahead slots of this step, preempting newest requests while blocks run out."""
+        if self.windowed:
+            return self._reserve_windowed(proposed)
         bs = self.spec.block_size
         while True:
             # ceil((ctx + k + 1) / bs) blocks each (max(g, 0) written out: cheaper than a call per request)
@@ -633,6 +652,22 @@ class SimulatedEngine(DecodeRuns):
             if total <= self.free_blocks:
                 self.free_blocks -= total
                 self.blocks = [b + g for b, g in zip(self.blocks, grow)]
+                return
+            self._preempt_newest()
+
+    def _reserve_windowed(self, proposed: list[int]) -> None:
+        """:meth:`_reserve_decode_blocks`, the general path: each request's blocks over its context and this step's
+        k + 1 tokens (or more, allocated before) recounted (:meth:`simulator.core.memory.KVLayout.held`: fewer where
+        the window has passed whole blocks)."""
+        bs, pages, held_of = self.spec.block_size, self.pages, self.kv.held
+        while True:
+            allocated = [max(pages.get(r, 0), (c + k + bs) // bs) for r, c, k in zip(self.rid, self.ctx, proposed)]
+            held = [held_of(n, c) for n, c in zip(allocated, self.ctx)]
+            grow = sum(held) - sum(self.blocks)
+            if grow <= self.free_blocks:
+                self.free_blocks -= grow
+                self.blocks = held
+                pages.update(zip(self.rid, allocated))
                 return
             self._preempt_newest()
 

@@ -27,7 +27,7 @@ from simulator.config import SimConfig, config_hash
 from simulator.costs.cost_model import CostModel, check_draft_method, load_cost_model
 from simulator.core.engine import EngineSpec, SimulatedEngine
 from policies.errors import UserError
-from simulator.core.memory import num_gpu_blocks
+from simulator.core.memory import kv_layout, num_gpu_blocks
 from simulator.costs.cuda_graphs import with_cuda_graphs
 from simulator.core.prefix_cache import CacheStats
 from simulator.core.user_policy import Watch, guarded
@@ -191,6 +191,7 @@ def setup_run(config: SimConfig, workload: Workload | None, step_by_step: bool, 
         max_num_batched_tokens=config.engine.max_num_batched_tokens,
         block_size=config.engine.block_size,
         num_gpu_blocks=num_gpu_blocks(config, cost, speculative),
+        kv=kv_layout(config, cost, speculative),
         chunked_prefill=config.engine.scheduler == "chunked-prefill",
         max_k=config.speculative.k,
         draft_proposer=config.speculative.proposer == "draft",

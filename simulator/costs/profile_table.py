@@ -81,8 +81,13 @@ def method_label(meta: dict) -> str:
 class Memory:
     """Memory figures of a device and a target/draft pair: sizes in GiB, KV cache in bytes per token.
 
-    A token's KV bytes are 2 (K and V) x layers x kv_heads x head_dim x dtype bytes. The draft figures
-    default to 0 (a profile without a draft model).
+    A token's KV bytes are those of every layer: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes for
+    grouped-query attention, the latent (kv_lora_rank + qk_rope_head_dim) x layers x dtype bytes for MLA, summed over
+    the devices that hold them (an engine over tensor-parallel devices: MLA's latent is on every one). The draft
+    figures default to 0 (a profile without a draft model). A model with sliding-window layers says which share of
+    its KV per token is in them (``*_sliding_kv_bytes_per_token``) and their window (``*_sliding_window``, tokens a
+    query sees, itself included): those layers hold a request's last window of tokens only
+    (:mod:`simulator.core.memory`); 0: none.
     """
 
     device_memory_gb: float
@@ -90,6 +95,10 @@ class Memory:
     target_kv_bytes_per_token: float
     draft_weight_gb: float = 0.0
     draft_kv_bytes_per_token: float = 0.0
+    target_sliding_kv_bytes_per_token: float = 0.0
+    target_sliding_window: int = 0
+    draft_sliding_kv_bytes_per_token: float = 0.0
+    draft_sliding_window: int = 0
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> "Memory":
@@ -108,6 +117,14 @@ class Memory:
                 raise UserError(f"{where}: {key} must be a number >= 0 (got {value!r})")
         if data["device_memory_gb"] <= 0:
             raise UserError(f"{where}: device_memory_gb must be > 0 (got {data['device_memory_gb']!r})")
+        for role in ("target", "draft"):
+            sliding, window = data.get(f"{role}_sliding_kv_bytes_per_token", 0), data.get(f"{role}_sliding_window", 0)
+            if sliding > data.get(f"{role}_kv_bytes_per_token", 0):
+                raise UserError(f"{where}: {role}_sliding_kv_bytes_per_token {sliding!r} exceeds "
+                                f"{role}_kv_bytes_per_token (the sliding layers' share of it)")
+            if bool(sliding) != bool(window) or window != int(window):
+                raise UserError(f"{where}: {role}_sliding_window must be a whole number of tokens > 0 exactly when "
+                                f"{role}_sliding_kv_bytes_per_token is > 0 (got {window!r} and {sliding!r})")
         return cls(**data)
 
     def to_dict(self) -> dict[str, float]:

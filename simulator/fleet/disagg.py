@@ -19,13 +19,13 @@ decode instance continues) gives the names and the block handling.
   included), as DistServe's controller dispatches a prefilled request to the least-loaded decoding instance.
 - **The KV link** (:class:`KVLink`, ``kv_link``): a transfer takes ``latency + bytes / (bandwidth x G)`` seconds, G
   the GPUs of an instance (tensor parallel: each GPU sends its shard on its own link), bytes = prompt tokens x the KV
-  bytes per token of the target plus, when a draft model speculates, of the draft (:func:`kv_bytes_per_token`, from
-  the profile's memory figures). Transfers are **serialised per prefill instance** (its outgoing NIC or NVLink port
-  sends one request's KV at a time, first come first served, at the link's full bandwidth); a decode instance's
-  receiving side is taken to keep up (many prefill instances sending to one decode instance at once is not a
-  bottleneck here). The transfer starts when the prefill completes: Splitwise overlaps it layer by layer with the
-  prefill of large prompts, so the gap here is an upper bound of theirs. Bytes are counted per token, not per
-  block (a request's last, partial block is sent only as far as it is filled).
+  bytes per token of the target plus, when a draft model speculates, of the draft (:func:`kv_transfer`, from the
+  profile's memory figures; a sliding-window layer's only for the window). Transfers are **serialised per prefill
+  instance** (its outgoing NIC or NVLink port sends one request's KV at a time, first come first served, at the
+  link's full bandwidth); a decode instance's receiving side is taken to keep up (many prefill instances sending to
+  one decode instance at once is not a bottleneck here). The transfer starts when the prefill completes: Splitwise
+  overlaps it layer by layer with the prefill of large prompts, so the gap here is an upper bound of theirs. Bytes
+  are counted per token, not per block (a request's last, partial block is sent only as far as it is filled).
 - **Decode instances** (``decode_replicas``): engines that receive requests with their KV in place and their first
   token emitted (the engine's ``receive_prefilled`` hook): a request joins the decode batch at the next step
   boundary when a seat and its blocks are free, else waits in the instance's queue (first come first served); it
@@ -62,6 +62,7 @@ import simpy
 from policies.errors import UserError
 from simulator.config import KV_LINK_NAMES, SimConfig
 from simulator.core.engine import SimulatedEngine
+from simulator.core.memory import KVBytes
 from simulator.core.runner import SimResult, is_speculative, run_summary, setup_run
 from simulator.costs.cost_model import CostModel
 from simulator.costs.profile_table import meta_path
@@ -127,15 +128,15 @@ def kv_link(config: SimConfig) -> KVLink:
         latency=link.latency if fleet.kv_link_latency is None else fleet.kv_link_latency)
 
 
-def kv_bytes_per_token(config: SimConfig, cost: CostModel) -> float:
-    """KV bytes of one token sent from a prefill to a decode instance: the target's, plus the draft's when a draft
-    model speculates (the profile's memory figures, 2 x layers x kv_heads x head_dim x dtype bytes each)."""
+def kv_transfer(config: SimConfig, cost: CostModel) -> KVBytes:
+    """KV bytes sent from a prefill to a decode instance: the target's, plus the draft's when a draft model speculates
+    (the profile's memory figures, :class:`simulator.core.memory.KVBytes`: every token's in full-attention layers, the
+    window's in sliding ones)."""
     mem = cost.memory
     if mem is None:
         raise UserError(f"--profile {cost.path}: has no memory figures (KV bytes per token) to size the KV transfers "
                         "of disaggregated serving")
-    with_draft = is_speculative(config) and config.speculative.proposer == "draft"
-    return mem.target_kv_bytes_per_token + (mem.draft_kv_bytes_per_token if with_draft else 0.0)
+    return KVBytes.of(mem, is_speculative(config) and config.speculative.proposer == "draft")
 
 
 def gpus_per_instance(profile: str) -> int:
@@ -182,7 +183,7 @@ class Disaggregated:
     ``env.run()``."""
 
     def __init__(self, env: simpy.Environment, prefill: Sequence[SimulatedEngine], decode: Sequence[SimulatedEngine],
-                 prefill_router: Router, decode_router: Router, link: KVLink, kv_bytes_per_token: float, tp: int,
+                 prefill_router: Router, decode_router: Router, link: KVLink, kv_sent: KVBytes, tp: int,
                  workload: Workload, block_size: int, recorder: DisaggRecorder) -> None:
         self.env = env
         p = len(prefill)
@@ -193,7 +194,8 @@ class Disaggregated:
         self.decode_recorders = recorder.replicas[p:]
         self.decode_router = decode_router
         self.link = link
-        self.kv_bytes_per_token = kv_bytes_per_token
+        self.kv_sent = kv_sent
+        """KV bytes of a request by its prompt tokens."""
         self.tp = tp
         """GPUs of an instance (each sends its shard of the KV on its own link)."""
         self.rec = recorder
@@ -228,7 +230,7 @@ class Disaggregated:
             raise RuntimeError(f"router {self.decode_router.name} chose decode instance {d} of {len(self.decode)}")
         self.routed[d] += 1
         rec.decode_of[rid] = len(self.side.engines) + d
-        nbytes = prompt * self.kv_bytes_per_token
+        nbytes = self.kv_sent.held(prompt)
         wait = max(self.link_free[p] - env.now, 0.0)  # the link sends the transfers queued before this one first
         delay = wait + self.link.seconds(nbytes, self.tp)
         self.link_free[p] = env.now + delay  # SimPy's time of the arrival, the same float
@@ -318,7 +320,7 @@ def run_disagg(config: SimConfig, workload: Workload | None = None, step_by_step
         raise UserError(f"--profile {config.cost.profile}: a front end (frontend seconds per request) in front of "
                         "disaggregated instances is not modelled")
     link = kv_link(config) if link is None else link
-    per_token = kv_bytes_per_token(config, setup.cost)
+    sent = kv_transfer(config, setup.cost)
     tp = gpus_per_instance(config.cost.profile)
     workload = setup.workload
     recorder = DisaggRecorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens,
@@ -341,7 +343,7 @@ def run_disagg(config: SimConfig, workload: Workload | None = None, step_by_step
         engine.generated = decode[0].generated
     rng = router_stream(config.run.seed)
     system = Disaggregated(env, prefill, decode, make_router(config.fleet.prefill_router, rng),
-                           make_router(config.fleet.decode_router, rng), link, per_token, tp, workload,
+                           make_router(config.fleet.decode_router, rng), link, sent, tp, workload,
                            config.engine.block_size, recorder)
     system.start()
     setup.run(env)
@@ -355,7 +357,7 @@ def run_disagg(config: SimConfig, workload: Workload | None = None, step_by_step
         "prefill_router": config.fleet.prefill_router, "decode_router": config.fleet.decode_router,
         "gpus": gpus, "goodput_per_gpu": goodput / gpus if goodput is not None else float("nan"),
         "kv_link": link.name, "kv_link_bandwidth_gbps": link.bandwidth / GB, "kv_link_latency_s": link.latency,
-        "kv_bytes_per_token": per_token,
+        "kv_bytes_per_token": sent.per_token,
         **{f"prefill_{k}": v for k, v in load_balance(system.side.routed).items()},
         **{f"decode_{k}": v for k, v in load_balance(system.routed).items()},
         **transfer_summary(columns),
