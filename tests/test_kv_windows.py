@@ -99,7 +99,7 @@ def test_the_general_path_gives_the_fast_paths_run_where_both_apply(cost_json, t
     policy_file.write_text(SWINGING)
     runs = []
     for profile in (plain, never):
-        config = SimConfig(profile=profile, rate=30.0, num_requests=300, length_dist="lognormal", prompt_len=300,
+        config = SimConfig.of(profile=profile, rate=30.0, num_requests=300, length_dist="lognormal", prompt_len=300,
                            output_len=80, max_num_seqs=48, max_num_batched_tokens=512, scheduler=scheduler,
                            policy=policy, k=k, acceptance="beta", save_steps=True, seed=5,
                            policy_file=str(policy_file) if policy == "swinging" else None)
@@ -117,7 +117,7 @@ def seated(cost, prompt: int, requests: int) -> tuple[int, int]:
     """(KV blocks, requests seated in the first decode step) of a decode instance handed ``requests`` prefilled
     requests of ``prompt`` tokens at once (vLLM's disaggregated decode side): it seats them first come first served
     while their blocks are free."""
-    config = SimConfig(rate=1.0, num_requests=requests)
+    config = SimConfig.of(rate=1.0, num_requests=requests)
     blocks = num_gpu_blocks(config, cost, speculative=False)
     spec = EngineSpec(max_num_seqs=4096, max_num_batched_tokens=8192, block_size=16, num_gpu_blocks=blocks,
                       chunked_prefill=False, max_k=0, draft_proposer=True, ngram_match_prob=0.0, speculative=False,
@@ -126,7 +126,7 @@ def seated(cost, prompt: int, requests: int) -> tuple[int, int]:
     env = simpy.Environment()
     rec = Recorder(wl.arrival_time, wl.prompt_tokens, wl.output_tokens, save_steps=True)
     engine = SimulatedEngine(env, spec, wl, cost, make_policy("no-spec", 0), cost,
-                             make_acceptance(config, np.random.default_rng(0)), np.random.default_rng(1), rec)
+                             make_acceptance(config.speculative, np.random.default_rng(0)), np.random.default_rng(1), rec)
     engine.start(own_arrivals=False)
     for rid in range(requests):
         engine.receive_prefilled(rid)
@@ -163,7 +163,7 @@ def test_a_draft_with_the_same_window_shares_the_block_unit():
     """Gemma-2-9B with Gemma-2-2B as draft: the two models' full layers form one kind, their sliding layers (both
     4,096) another: a block is 16 tokens of 21 + 13 layers of each kind, as one vLLM page group."""
     cost = load_cost_model(GEMMA)
-    config = SimConfig(rate=1.0, num_requests=1, policy="fixed-k", k=3)
+    config = SimConfig.of(rate=1.0, num_requests=1, policy="fixed-k", k=3)
     layout = kv_layout(config, cost, speculative=True)
     assert layout == KVLayout(16, full=1, windows=((4096, 1),))
     free = (cost.memory.device_memory_gb * 0.9 - cost.memory.target_weight_gb - cost.memory.draft_weight_gb - 2.0)
@@ -178,7 +178,7 @@ def test_disaggregated_serving_sends_the_window_of_sliding_layers():
 
 
 def test_prefix_caching_over_sliding_windows_is_refused_in_one_line():
-    config = SimConfig(profile=str(GEMMA), rate=1.0, num_requests=5, enable_prefix_caching=True)
+    config = SimConfig.of(profile=str(GEMMA), rate=1.0, num_requests=5, enable_prefix_caching=True)
     with pytest.raises(UserError, match="--enable-prefix-caching: prefix caching over sliding-window layers"):
         run_simulation(config)
 
