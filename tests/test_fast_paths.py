@@ -488,19 +488,27 @@ DECISIONS = [{}, {"save_steps": True}, {"proposer": "ngram", "acceptance_rate": 
 def test_goodput_decisions_priced_alike(monkeypatch, flag, fields):
     """step_time.UNIFORM_PRICER, goodput.SEQUENTIAL_SUM and acceptance.UNIFORM_DRAWS on and off in whole goodput runs:
     the same summaries, request columns, step rows (where kept) and warnings."""
-    import warnings
-
     from policies import goodput
     from simulator.inputs import acceptance
 
     config = SimConfig(**{**dict(profile=PROFILE, policy="goodput", rate=8.0, num_requests=300, seed=14), **fields})
     module = {"UNIFORM_PRICER": step_time, "SEQUENTIAL_SUM": goodput, "UNIFORM_DRAWS": acceptance}[flag]
+    _runs_alike(monkeypatch, config, module, flag)
+
+
+def _runs_alike(monkeypatch, config: SimConfig, owner, flag: str) -> None:
+    """Run ``config`` (an engine or a fleet) with the shortcut ``owner.flag`` on and off: the same summaries, request
+    columns, step rows (where kept) and warnings."""
+    import warnings
+
+    from simulator.fleet import run as run_config
+
     results = []
     for on in (True, False):
-        monkeypatch.setattr(module, flag, on)
+        monkeypatch.setattr(owner, flag, on)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            results.append((run_simulation(config), [str(w.message) for w in caught]))
+            results.append((run_config(config), [str(w.message) for w in caught]))
     (fast, fast_warned), (plain, plain_warned) = results
     _assert_same_runs(fast, plain)
     assert fast.recorder.steps == plain.recorder.steps
@@ -653,21 +661,8 @@ SPAN_RUNS = [dict(policy="goodput"), dict(policy="goodput", save_steps=True),
 def test_decision_spans_and_kept_tree_numbers_run_alike(monkeypatch, flag, fields):
     """Goodput.spans and Goodput.fast_trees on and off in whole runs (single engines and fleets, chains and trees): the
     same summaries, request columns, step rows (where kept) and warnings."""
-    import warnings
-
-    from simulator.fleet import run as run_config
-
-    config = SimConfig(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=31), **fields})
-    results = []
-    for on in (True, False):
-        monkeypatch.setattr(Goodput, flag, on)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            results.append((run_config(config), [str(w.message) for w in caught]))
-    (fast, fast_warned), (plain, plain_warned) = results
-    _assert_same_runs(fast, plain)
-    assert fast.recorder.steps == plain.recorder.steps
-    assert fast_warned == plain_warned
+    _runs_alike(monkeypatch, SimConfig(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=31), **fields}),
+                Goodput, flag)
 
 
 def test_a_goodput_fleet_at_light_load_runs_alike_with_and_without_spans(monkeypatch):
