@@ -227,7 +227,11 @@ class ConstantAcceptance(AcceptanceModel):
     def draw_list(self, request_ids: list[int], proposed: list[int]) -> list[int]:
         if self.rate == 1.0:
             return list(proposed)
-        drawn = self._successes(len(proposed))
+        used, end = self._used, self._used + len(proposed)
+        if end <= len(self._buffer):  # _successes, written out where the block has enough left
+            drawn, self._used = self._buffer[used:end], end
+        else:
+            drawn = self._successes(len(proposed))
         if UNIFORM_DRAWS and proposed and proposed.count(k := proposed[0]) == len(proposed):  # (speed shortcut)
             return [g if g < k else k for g in drawn]
         return [g if g < k else k for g, k in zip(drawn, proposed)]
