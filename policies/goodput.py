@@ -381,15 +381,14 @@ class Goodput(Policy):
 
     def _decide_uniform(self, batch: int, context_tokens: int, cost_model: Any, max_k: int, draft_cost: bool) -> None:
         """:meth:`_decide_shared` from what it reads of the view: the batch size and its context total."""
-        k_max = min(self.k, max_k)
-        key = rate = None
+        k_max = self.k if self.k < max_k else max_k
         if self.acceptance == "position":
-            accept = self._by_position[:k_max].tolist()
+            key, accept = None, self._by_position[:k_max].tolist()
         else:
             rate = self._global[0] / self._global[1]
-            if self.spans:  # (speed shortcut, see spans): _spanned, written out
-                key = (batch, k_max, draft_cost, None)
-                for low, high, lo, hi, k in self._spans.get(key, ()) if cost_model is self._priced_on else ():
+            key = (batch, k_max, draft_cost, None) if self.spans else None  # (speed shortcut, see spans)
+            if key is not None and cost_model is self._priced_on:  # _spanned, written out
+                for low, high, lo, hi, k in self._spans.get(key, ()):
                     if low <= rate <= high and lo <= context_tokens <= hi:
                         self._last_k = k
                         return
