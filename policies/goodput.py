@@ -70,6 +70,7 @@ chain never reaches the policy (the engine runs it as chains).
 """
 from __future__ import annotations
 
+import math
 import sys
 from collections import Counter
 from functools import reduce
@@ -82,8 +83,8 @@ import numpy as np
 from policies.base import BatchView, Policy, StepOutcome
 from policies.errors import UserError
 from policies.params import ParamReader
-from policies.step_time import (TreeStep, shape_seconds, step_shape, tree_step, tree_step_seconds, uniform_pricer,
-                                uniform_step_seconds, uniform_tree_pricer)
+from policies.step_time import (TreeStep, UniformPricer, UniformTreePricer, shape_seconds, step_shape, tree_step,
+                                tree_step_seconds, uniform_pricer, uniform_step_seconds, uniform_tree_pricer)
 from policies.tree import TreeFamily, rank_prob
 
 SEQUENTIAL_SUM = sys.version_info < (3, 12)
@@ -97,6 +98,20 @@ GRID = 200
 """Rates on the grid of the tree estimator (the midpoints of GRID equal cells of [0, 1]: within 1 / (2 GRID) of the
 weighted maximum-likelihood estimate)."""
 ACCEPTANCE = ("global", "request", "position")
+SPAN_MARGIN = 1e-9
+"""The relative lead a decision must have over every other k at the corners of a span (``Goodput.spans``): four orders
+of magnitude above the rounding of the priced seconds and expected tokens."""
+SPAN_PROBE = 1 << 24
+"""Farthest a span reaches beyond the context total it was found at (tokens; also the point its slopes are read at)."""
+SPAN_RATES = (0.1, 0.02)
+"""Half-widths of the ranges of acceptance rates a chain's decision span is looked for over, widest first."""
+SPANS_KEPT = 4
+"""Spans a goodput policy keeps by key (its decisions over different context totals)."""
+TREE_SPAN_RATES = (8, 2, 0)
+"""Half-widths (grid steps) of the ranges of grid rates a tree's decision span is looked for over, widest first."""
+TERMS_KEPT = 4096
+"""Most products n x log P(a | shape(k)) (GRID floats each, 1.6 kB) a goodput policy keeps over token trees
+(``Goodput.fast_trees``): (k, a, n) for k nodes, a accepted, n requests; a run meets a few hundred."""
 ESTIMATORS = ("tokens", "ratio")
 
 
@@ -120,6 +135,21 @@ class Goodput(Policy):
     (``acceptance`` global or position) decide, propose and observe in plain Python over the batch instead of
     numpy calls: the same arithmetic in the same order, so the same decisions bit for bit
     (``tests/test_fast_paths.py`` runs both). False: the numpy reference path, as written first."""
+
+    fast_trees = True
+    """Speed shortcut, switched here in one place: over token trees with one global estimate, the batch's expected
+    tokens by shape are kept by (rate, batch size, k_max), and the products n x log P(a | shape(k)) of a step's evidence
+    (n requests verified shape(k) and accepted a) by (k, a, n), at most :data:`TERMS_KEPT` of them, and the estimate is
+    updated in place; the same numbers from the same arithmetic, so the same decisions bit for bit
+    (``tests/test_fast_paths.py`` runs both). False: all worked out every step."""
+
+    spans = True
+    """Speed shortcut, switched here in one place: with one global estimate and one k (a tree: one shape) for the batch,
+    a decision found to stand over a span of acceptance rates and context totals (:meth:`_span`: exactly, where the
+    costs are linear and the decision leads by a margin at the span's corners) is kept by (batch size, k_max, proposer,
+    family and, for a tree, its grid rate) and taken again without pricing while the estimate and the batch's context
+    total stay in the span; the same decisions bit for bit (``tests/test_fast_paths.py`` runs both). False: every
+    decision priced."""
 
     def __init__(self, k: int, **params: Any) -> None:
         reader = ParamReader(self.name, params)
@@ -149,12 +179,23 @@ class Goodput(Policy):
         """:func:`policies.step_time.uniform_pricer` by (batch size, k_max, draft_cost), on ``_priced_on``; with token
         trees :func:`policies.step_time.uniform_tree_pricer` of the shapes 0..k_max, by the same and the family."""
         self._priced_on: Any = None
+        self._spans: dict[tuple, list[tuple[float, float, int, int, int]]] = {}
+        """Decision spans (``spans``): the latest (lowest rate, highest rate, lowest context total, highest, k) by
+        (batch size, k_max, draft_cost, family or None, and a tree's grid rate as its index), on ``_priced_on``; a
+        tree's rates are indices of the grid, its span kept under the key of each."""
+        self._span_wait: dict[tuple, tuple[int, int]] = {}
+        """Decision spans: by key, after searches that found none, (decisions still to wait before the next search,
+        the wait last set) (:meth:`_new_span`)."""
         self._tree: _TreeBelief | None = None
         """Token trees: the family's shapes and the likelihoods of the top-1 rate (module docstring); None: chains."""
         self._tree_loglik: np.ndarray | None = None
         """Token trees: the weighted log-likelihood of each grid rate, shape (GRID,)."""
         self._tree_by_request: dict[int, np.ndarray] = {}
         """Token trees, ``acceptance=request``: each observed request's weighted log-likelihoods, shape (GRID,)."""
+        self._tree_totals: dict[tuple, list[float]] = {}
+        """Token trees (``fast_trees``): the batch's expected tokens by shape, by (rate, batch size, k_max)."""
+        self._tree_terms: dict[tuple[int, int, int], np.ndarray] = {}
+        """Token trees (``fast_trees``): n x log P(a | shape(k)) by (k, a, n) (:meth:`_observe_shared`)."""
 
     # --- estimates ------------------------------------------------------------------------------
     @property
@@ -236,9 +277,10 @@ class Goodput(Policy):
             else:
                 self._decide_uniform(batch, context_tokens, cost_model, max_k, draft_cost)
         self._steps += 1
-        k = min(self._last_k, self.k, max_k)
+        k_max = self.k if self.k < max_k else max_k
+        k = self._last_k if self._last_k < k_max else k_max
         out = [k] * batch
-        if self.probe and min(self.k, max_k) > 0:
+        if self.probe and k_max > 0:
             if k:
                 self._idle = 0
             elif self._idle >= self.probe:
@@ -339,34 +381,153 @@ class Goodput(Policy):
 
     def _decide_uniform(self, batch: int, context_tokens: int, cost_model: Any, max_k: int, draft_cost: bool) -> None:
         """:meth:`_decide_shared` from what it reads of the view: the batch size and its context total."""
-        k_max = min(self.k, max_k)
+        k_max = self.k if self.k < max_k else max_k
         if self.acceptance == "position":
-            accept = self._by_position[:k_max].tolist()
+            key, accept = None, self._by_position[:k_max].tolist()
         else:
-            accept = [self._global[0] / self._global[1]] * k_max
+            rate = self._global[0] / self._global[1]
+            key = (batch, k_max, draft_cost, None) if self.spans else None  # (speed shortcut, see spans)
+            if key is not None and cost_model is self._priced_on:  # _spanned, written out
+                for low, high, lo, hi, k in self._spans.get(key, ()):
+                    if low <= rate <= high and lo <= context_tokens <= hi:
+                        self._last_k = k
+                        return
+            accept = [rate] * k_max
+        price = self._pricer(cost_model, batch, k_max, draft_cost)
+        seconds = price(context_tokens)
+        self._best_k(self._uniform_tokens(accept, batch), seconds)
+        if key is not None:
+            ranges = [(low, high) for d in SPAN_RATES for low, high in [(max(0.0, rate - d), min(1.0, rate + d))]]
+            self._new_span(key, price, context_tokens, seconds,
+                           [(low, high, [self._uniform_tokens([a] * k_max, batch) for a in (low, high)], [key])
+                            for low, high in ranges])
+
+    def _uniform_tokens(self, accept: list[float], batch: int) -> list[float]:
+        """The batch's expected tokens for k = 0..len(accept), everyone proposing k with acceptance ``accept[j - 1]`` at
+        position j: E[tokens] of one row as :func:`expected_tokens` computes it (running product, then running sum),
+        summed over the batch's identical rows one row at a time as numpy's column sums add them."""
         row, product, reach = [1.0], 1.0, 0.0
         for j, a in enumerate(accept):
             product = a if j == 0 else product * a
             reach = product if j == 0 else reach + product
             row.append(1.0 + reach)
-        key = (batch, k_max, draft_cost)
-        if cost_model is not self._priced_on:  # pricers of one cost model only (a run has one; a test may switch)
-            self._pricers, self._priced_on = {}, cost_model
+        # x added batch - 1 times, one at a time (as numpy's rows): sum's own loop does that before Python 3.12
+        return [sum(repeat(x, batch - 1), x) if SEQUENTIAL_SUM else reduce(add, repeat(x, batch - 1), x) for x in row]
+
+    def _pricer(self, cost_model: Any, batch: int, k_max: int, draft_cost: bool,
+                tree: TreeFamily | None = None) -> UniformPricer | UniformTreePricer:
+        """The pricer of the batch's steps with one k = 0..k_max (with ``tree``: one of its shapes 0..k_max) for
+        everyone, kept (the steps priced as :func:`uniform_step_seconds` prices them; a run has one cost model, a
+        test may switch)."""
+        if cost_model is not self._priced_on:
+            self._pricers, self._spans, self._span_wait, self._priced_on = {}, {}, {}, cost_model
+        key = (batch, k_max, draft_cost, tree)
         price = self._pricers.get(key)
-        if price is None:  # the batch's uniform steps priced as uniform_step_seconds prices them (speed shortcut)
-            price = self._pricers[key] = uniform_pricer(cost_model, batch, k_max, draft_cost)
-        seconds = price(context_tokens)
+        if price is None:
+            price = self._pricers[key] = (uniform_pricer(cost_model, batch, k_max, draft_cost) if tree is None else
+                                          uniform_tree_pricer(cost_model, batch, [tree.shape(k) for k in
+                                                                                  range(k_max + 1)], draft_cost))
+        return price
+
+    def _best_k(self, totals: list[float], seconds: list[float]) -> float:
+        """Set ``_last_k`` to the k of best goodput for everyone, ``totals[k]`` the batch's expected tokens with k (a
+        tree: shape(k)) and ``seconds[k]`` its step's predicted seconds; return that goodput."""
         best_k, best, bonus = 0, -1.0, self.bonus
-        for k in range(k_max + 1):
-            x = row[k]
-            # x added batch - 1 times, one at a time (as numpy's rows): sum's own loop does that before Python 3.12
-            tokens = sum(repeat(x, batch - 1), x) if SEQUENTIAL_SUM else reduce(add, repeat(x, batch - 1), x)
-            value = tokens / seconds[k]
+        for k, x in enumerate(seconds):
+            value = totals[k] / x  # _goodput, written out
             if k == 0:
                 value = value * bonus
             if value > best:
                 best_k, best = k, value
         self._last_k = best_k
+        return best
+
+    # --- decision spans (speed shortcut, see ``spans``) ------------------------------------------------------------
+    def _spanned(self, key: tuple, rate: float, context: int, cost_model: Any) -> bool:
+        """Whether a kept span of ``key`` holds ``rate`` and ``context`` (then ``_last_k`` is set to its decision)."""
+        for low, high, lo, hi, k in self._spans.get(key, ()) if cost_model is self._priced_on else ():
+            if low <= rate <= high and lo <= context <= hi:
+                self._last_k = k
+                return True
+        return False
+
+    def _new_span(self, key: tuple, price: UniformPricer | UniformTreePricer, context: int, seconds: list[float],
+                  ranges: list[tuple[float, float, list[list[float]], list[tuple]]]) -> None:
+        """Look for a span around the decision just made (``_last_k``, over ``context`` tokens of context, ``seconds``
+        by k) and keep the first found: over each range (lowest rate, highest rate, the expected tokens by k at the
+        rates it is checked at, the keys it is kept under) in turn, a span of context totals (:meth:`_span`). After
+        searches that find none, the next search of ``key`` waits 1, 2, 4, ... up to 64 decisions."""
+        remaining, wait = self._span_wait.get(key, (0, 0))
+        if remaining:
+            self._span_wait[key] = (remaining - 1, wait)
+            return
+        probe = min(price.affine_until(), context + SPAN_PROBE)
+        if probe > context:
+            slopes = [(f - s) / (probe - context) for f, s in zip(price.quiet(probe), seconds)]
+            for low, high, ends, keys in ranges:
+                found = self._span(price, ends, context, seconds, probe, slopes)
+                if found is not None:  # kept beside the key's others (the latest SPANS_KEPT)
+                    for each in keys:
+                        self._spans[each] = [(low, high, *found, self._last_k), *self._spans.get(each, ())][:SPANS_KEPT]
+                    self._span_wait.pop(key, None)
+                    return
+        wait = min(2 * wait, 64) if wait else 1
+        self._span_wait[key] = (wait, wait)
+
+    def _span(self, price: UniformPricer | UniformTreePricer, ends: list[list[float]], context: int,
+              seconds: list[float], probe: int, slopes: list[float]) -> tuple[int, int] | None:
+        """(lo, hi): a span of context totals around ``context`` over which the decision k just made is
+        :meth:`_best_k`'s for every expected tokens ``totals`` between each two of ``ends`` (index by index), or None;
+        ``slopes``: the seconds' by k between ``context`` and ``probe``, the farthest the span may reach.
+
+        Why it holds: where the pricer is exactly affine in the context total c (``affine_until``: linear costs with
+        non-negative terms, no warning due), k's goodput over j's is (T_k / T_j) (alpha_j + beta_j c) / (alpha_k +
+        beta_k c) (T_0 with the bonus): monotone in c over any span where the seconds stay positive. A chain's T_k / T_j
+        = (1 + a + ... + a^k) / (1 + a + ... + a^j) is monotone in the acceptance rate a too, so over a rectangle of
+        rates and context totals k's lead is least at a corner (a tree's is checked at each grid rate of its range).
+        The span's ends are priced as every step is, and k must lead at each corner by the relative
+        :data:`SPAN_MARGIN`, far more than the rounding of the priced numbers and expected tokens (sums and products of
+        non-negative terms, ~1e-13 relative): so k leads at every point between, as worked out there, and the decision
+        is k there bit for bit. The ends are where the leads, estimated from the slopes, fall to twice the margin."""
+        k, bonus, lead = self._last_k, self.bonus, 1.0 + 2.0 * SPAN_MARGIN
+        alphas = [s - beta * context for s, beta in zip(seconds, slopes)]
+        lo, hi = 0, probe
+        for totals in ends:
+            weight = [t * bonus if j == 0 else t for j, t in enumerate(totals)]
+            for j, (alpha, beta, w) in enumerate(zip(alphas, slopes, weight)):
+                if j == k:
+                    continue
+                # k leads j by ``lead`` where weight_k (alpha_j + beta_j c) >= lead w_j (alpha_k + beta_k c), i.e.
+                # a + b c >= 0
+                a = weight[k] * alpha - lead * w * alphas[k]
+                b = weight[k] * beta - lead * w * slopes[k]
+                if b > 0:
+                    if (x := -a / b) > context:
+                        return None
+                    if x > lo:
+                        lo = math.ceil(x)
+                elif b < 0:
+                    if (x := -a / b) < context:
+                        return None
+                    if x < hi:
+                        hi = math.floor(x)
+                elif a < 0:
+                    return None
+        for end in (lo, hi):
+            priced = price.quiet(end)
+            if not all(self._leads(priced, totals, k) for totals in ends):
+                return None
+        return lo, hi
+
+    def _leads(self, seconds: list[float], totals: list[float], k: int) -> bool:
+        """Whether k's goodput (as :meth:`_best_k` works it out) beats every other's by the relative
+        :data:`SPAN_MARGIN` at these ``seconds``, all positive."""
+        if min(seconds) <= 0.0:
+            return False
+        values = [t / x for t, x in zip(totals, seconds)]
+        values[0] = values[0] * self.bonus
+        bar = values[k]
+        return all(bar > v * (1.0 + SPAN_MARGIN) for j, v in enumerate(values) if j != k)
 
     def _goodput(self, tokens: float, seconds: float, speculates: bool) -> float:
         """Expected tokens per predicted second; times ``bonus`` when nobody speculates."""
@@ -414,7 +575,7 @@ class Goodput(Policy):
         """The top-1 rate the policy believes in (its own request's with ``acceptance=request``, else the global)."""
         loglik = self._tree_by_request.get(request_id, self._tree_loglik) if request_id is not None \
             else self._tree_loglik
-        return float(self._tree.grid[int(np.argmax(loglik))])
+        return float(self._tree.grid[loglik.argmax()])
 
     def _belief(self, family: TreeFamily) -> "_TreeBelief":
         """The belief over ``family``'s shapes, started from the prior at a new family."""
@@ -424,7 +585,7 @@ class Goodput(Policy):
                                 "global or request)")
             self._tree = _TreeBelief(family)
             self._tree_loglik = self._tree.prior(self.alpha_init)
-            self._tree_by_request = {}
+            self._tree_by_request, self._tree_totals, self._tree_terms = {}, {}, {}
         return self._tree
 
     def _decide_tree(self, view: BatchView) -> None:
@@ -442,8 +603,9 @@ class Goodput(Policy):
         else:
             table = np.broadcast_to(np.asarray(belief.expected_at(self.tree_rate())[:k_max + 1]) + 1.0,
                                     (view.batch_size, k_max + 1))
-        best = self._best_tree_k(table.sum(axis=0).tolist(), view.batch_size, int(view.context_lens.sum()),
-                                 view.cost_model, k_max, view.draft_cost, view.tree)
+        best = self._best_k(table.sum(axis=0).tolist(), self._pricer(view.cost_model, view.batch_size, k_max,
+                                                                      view.draft_cost, view.tree)(
+                                                                          int(view.context_lens.sum())))
         if self.mode == "request":
             ks = self._tree_hill_climb(view, table, self._last_k, best)
             self._last_by_request = dict(zip(ids, ks))
@@ -453,27 +615,30 @@ class Goodput(Policy):
         """:meth:`_decide_tree` of one shape for the batch from the global estimate, from what it reads of the view."""
         self._belief(tree)
         k_max = min(self.k, max_k)
-        totals = [(e + 1.0) * batch for e in self._tree.expected_at(self.tree_rate())[:k_max + 1]]
-        self._best_tree_k(totals, batch, context_tokens, cost_model, k_max, draft_cost, tree)
+        at = int(self._tree_loglik.argmax())  # the grid rate's index: tree_rate's rate
+        key = (batch, k_max, draft_cost, tree, at)
+        if self.spans and self._spanned(key, at, context_tokens, cost_model):  # (speed shortcut, see spans)
+            return
+        totals = self._tree_tokens(at, batch, k_max)
+        price = self._pricer(cost_model, batch, k_max, draft_cost, tree)
+        seconds = price(context_tokens)
+        self._best_k(totals, seconds)
+        if self.spans:  # over ranges of grid rates, each rate's lead checked (a tree's need not be monotone in it),
+            # kept under each rate's key
+            ranges = dict.fromkeys((max(0, at - d), min(GRID - 1, at + d)) for d in TREE_SPAN_RATES)
+            self._new_span(key, price, context_tokens, seconds,
+                           [(low, high, [self._tree_tokens(i, batch, k_max) for i in range(low, high + 1)],
+                             [key[:-1] + (i,) for i in range(low, high + 1)]) for low, high in ranges])
 
-    def _best_tree_k(self, totals: list[float], batch: int, context_tokens: int, cost_model: Any, k_max: int,
-                     draft_cost: bool, tree: TreeFamily) -> float:
-        """Set ``_last_k`` to the shape of best goodput for everyone, ``totals[k]`` the batch's expected tokens with
-        shape(k); return that goodput."""
-        if cost_model is not self._priced_on:
-            self._pricers, self._priced_on = {}, cost_model
-        key = (batch, k_max, draft_cost, tree)
-        price = self._pricers.get(key)
-        if price is None:
-            shapes = [tree.shape(k) for k in range(k_max + 1)]
-            price = self._pricers[key] = uniform_tree_pricer(cost_model, batch, shapes, draft_cost)
-        best_k, best = 0, -1.0
-        for k, seconds in enumerate(price(context_tokens)):
-            value = self._goodput(totals[k], seconds, k > 0)
-            if value > best:
-                best_k, best = k, value
-        self._last_k = best_k
-        return best
+    def _tree_tokens(self, at: int, batch: int, k_max: int) -> list[float]:
+        """The batch's expected tokens by shape 0..k_max at the grid rate of index ``at`` (kept with ``fast_trees``)."""
+        rate = float(self._tree.grid[at])
+        totals = self._tree_totals.get((rate, batch, k_max)) if self.fast_trees else None
+        if totals is None:
+            totals = [(e + 1.0) * batch for e in self._tree.expected_at(rate)[:k_max + 1]]
+            if self.fast_trees:  # (speed shortcut, see fast_trees)
+                self._tree_totals[rate, batch, k_max] = totals
+        return totals
 
     def _tree_hill_climb(self, view: BatchView, table: np.ndarray, k_start: int, start: float) -> list[int]:
         """Per-request shapes from the uniform ``k_start``: the best move while it raises goodput, each priced by
@@ -516,8 +681,11 @@ class Goodput(Policy):
         if not any(proposed):
             return
         loglik, w = self._tree.loglik, self.ema_weight
-        seen = Counter(zip(proposed, accepted))  # a batch's outcomes repeat: each row added once, times its count
         by_request = self.acceptance == "request" and request_ids is not None
+        if self.fast_trees and not by_request:  # (speed shortcut, see fast_trees)
+            self._observe_shared(proposed, accepted)
+            return
+        seen = Counter(zip(proposed, accepted))  # a batch's outcomes repeat: each row added once, times its count
         prior = self.tree_rate() if by_request else 0.0
         self._tree_loglik = (1 - w) * self._tree_loglik + w * sum(n * loglik[k, a] for (k, a), n in seen.items() if k)
         if by_request:  # a request's first update starts from one pseudo-trial at the global rate
@@ -526,6 +694,39 @@ class Goodput(Policy):
                     own = self._tree_by_request.get(rid)
                     own = self._tree.prior(prior) if own is None else own
                     self._tree_by_request[rid] = (1 - w) * own + w * loglik[k, a]
+
+    def _observe_shared(self, proposed: list[int], accepted: list[int]) -> None:
+        """:meth:`_observe_tree` of the global estimate (speed shortcut, see ``fast_trees``): the same arithmetic on the
+        policy's own array, in place: times 1 - w, plus w x the sum over the step's outcomes (k, a), k > 0, in the
+        order first seen, of their count n x log P(a | shape(k)), each such product kept once worked out."""
+        k = proposed[0]
+        if proposed.count(k) == len(proposed):  # one shape for everyone (the common step): its lengths' counts
+            seen = [(k, a, accepted.count(a)) for a in dict.fromkeys(accepted)]
+        else:
+            seen = [(*ka, n) for ka, n in Counter(zip(proposed, accepted)).items() if ka[0]]
+        # sum() adds the terms to 0 first; 0 + x is x bit for bit but for x = -0.0, which no term is (n >= 1 times a
+        # log-likelihood log(p), p > 0): so the sum from the first term, in place once it is a new array
+        w, total, fresh = self.ema_weight, None, False
+        for key in seen:
+            term = self._tree_terms.get(key)
+            if term is None:
+                k, a, n = key
+                term = n * self._tree.loglik[k, a]
+                if len(self._tree_terms) < TERMS_KEPT:
+                    self._tree_terms[key] = term
+            if total is None:
+                total = term
+            elif fresh:
+                total += term
+            else:
+                total, fresh = total + term, True
+        if fresh:
+            total *= w
+        else:  # one term: a kept array, not to be changed
+            total = w * total
+        own = self._tree_loglik  # the policy's own array (the prior's, then updated here only)
+        own *= 1 - w
+        own += total
 
 
 def _group_sizes(n: int) -> list[int]:

@@ -42,6 +42,7 @@ seconds equal :func:`shape_seconds` bit for bit (tested). Cost models are anythi
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import reduce
@@ -184,33 +185,69 @@ def uniform_step_seconds(cost_model: StepCosts, batch_size: int, context_tokens:
     return seconds
 
 
-def uniform_pricer(cost_model: StepCosts, batch_size: int, k_max: int,
-                   draft_cost: bool) -> Callable[[int], list[float]]:
+def uniform_pricer(cost_model: StepCosts, batch_size: int, k_max: int, draft_cost: bool) -> "UniformPricer":
     """:func:`uniform_step_seconds` of one batch size, ``k_max`` and ``draft_cost`` as a function of the batch's
-    context total: what a policy that decides one k for its batch prices every step (``Goodput``), memo included.
+    context total (a :class:`UniformPricer`): what a policy that decides one k for its batch prices every step
+    (``Goodput``), memo included."""
+    return UniformPricer(cost_model, batch_size, k_max, draft_cost)
+
+
+def _affine_until(cost_model: StepCosts, batch_size: int, queries: list[int], reads: list[tuple[int, int]]) -> float:
+    """The context total up to which a uniform pricer's seconds (verifications of ``queries`` tokens, draft passes
+    ``(extra, fed)`` of ``reads``) are, as functions of the context total c >= 0, affine with every term >= 0 and priced
+    without a warning: the cost model's ``affine_until`` of those parts (inf once every block asked has warned), or
+    -inf where that cannot be said (a cost model without it, a negative overhead, an empty batch). Where it holds, each
+    priced number is that affine value within a few hundred units in the last place (sums and products of
+    non-negative numbers): what a goodput policy's decision spans rely on (``policies.goodput.Goodput.spans``)."""
+    until = getattr(cost_model, "affine_until", None)
+    if until is None or not batch_size or cost_model.overhead_time(batch_size) < 0:
+        return -math.inf
+    return until(batch_size, queries, reads)
+
+
+class UniformPricer:
+    """The seconds of a batch all proposing k, for k = 0..k_max, as a function of the batch's context total
+    (:func:`uniform_pricer`), kept for :func:`uniform_memo` when called; :meth:`quiet` prices without keeping it,
+    :meth:`affine_until` says how far the prices are exactly affine in the context total.
 
     Speed shortcut (switched by :data:`UNIFORM_PRICER`): a cost model that has one (``uniform_decode_pricer``) works
     out once what does not depend on the context total and checks its far limits by comparison, and the formula's
     additions follow in :func:`step_seconds`' order; the same seconds and warnings as :func:`uniform_step_seconds`
     (``tests/test_fast_paths.py``). Otherwise (the plain twin) each call is :func:`uniform_step_seconds`."""
-    parts = getattr(cost_model, "uniform_decode_pricer", None) if UNIFORM_PRICER and batch_size else None
-    if parts is None:
-        return lambda context_tokens: uniform_step_seconds(cost_model, batch_size, context_tokens, k_max, draft_cost)
-    priced, overhead = parts(batch_size, k_max, draft_cost), cost_model.overhead_time(batch_size)
 
-    def seconds(context_tokens: int) -> list[float]:
+    def __init__(self, cost_model: StepCosts, batch_size: int, k_max: int, draft_cost: bool) -> None:
+        self.cost_model, self.batch_size, self.k_max, self.draft_cost = cost_model, batch_size, k_max, draft_cost
+        parts = getattr(cost_model, "uniform_decode_pricer", None) if UNIFORM_PRICER and batch_size else None
+        self._priced = None if parts is None else parts(batch_size, k_max, draft_cost)
+        self._overhead = None if parts is None else cost_model.overhead_time(batch_size)
+
+    def __call__(self, context_tokens: int) -> list[float]:
         global _last_uniform
-        targets, drafts = priced(context_tokens)
-        out = []
+        if self._priced is None:
+            return uniform_step_seconds(self.cost_model, self.batch_size, context_tokens, self.k_max, self.draft_cost)
+        targets, drafts = self._priced(context_tokens)
+        out, overhead = [], self._overhead
         for k, target in enumerate(targets):  # step_seconds' additions: verification, overhead, draft passes
             seconds = target + overhead
             for draft in drafts[:k]:
                 seconds += draft
             out.append(float(seconds))
-        _last_uniform = (cost_model, batch_size, context_tokens, draft_cost, out)
+        _last_uniform = (self.cost_model, self.batch_size, context_tokens, self.draft_cost, out)
         return out
 
-    return seconds
+    def quiet(self, context_tokens: int) -> list[float]:
+        """The seconds by k over ``context_tokens`` tokens of context in all, :func:`uniform_memo` left as it was."""
+        global _last_uniform
+        kept = _last_uniform
+        out = self(context_tokens)
+        _last_uniform = kept
+        return out
+
+    def affine_until(self) -> float:
+        """:func:`_affine_until` of these steps' parts."""
+        b, k_max = self.batch_size, self.k_max
+        return _affine_until(self.cost_model, b, [b * (k + 1) for k in range(k_max + 1)],
+                             [(b * j, b) for j in range(k_max)] if self.draft_cost else [])
 
 
 FAST_UNIFORM = True
@@ -381,54 +418,85 @@ def predict_tree_seconds(cost_model: StepCosts, context_lens: Sequence[int], sha
 
 
 def uniform_tree_pricer(cost_model: StepCosts, batch_size: int, shapes: Sequence[TreeShape],
-                        draft_cost: bool) -> Callable[[int], list[float]]:
+                        draft_cost: bool) -> "UniformTreePricer":
     """:func:`predict_tree_seconds` of ``batch_size`` requests all verifying ``shapes[j]``, for each j, as a function of
-    their context total: the same cost-model calls with the same integer arguments (pass d reads the total plus
-    batch x f(d) and feeds batch x e(d)) and :func:`step_seconds`' additions, without building the steps (bit for bit,
-    tested). A draft pass that several shapes share (a family's nested shapes share most) is priced once."""
-    target, draft, overhead = cost_model.target_time, cost_model.draft_time, cost_model.overhead_time(batch_size)
-    b, passes, plans = batch_size, {}, []
-    for shape in shapes:
-        keys = [passes.setdefault((b * before, b * fed), len(passes)) for fed, before in
-                zip(shape.expanded, shape.fed_before)] if draft_cost and b else []
-        plans.append((b * (shape.num_nodes + 1), keys))
-    reads = list(passes)
+    their context total (a :class:`UniformTreePricer`): the same cost-model calls with the same integer arguments
+    (pass d reads the total plus batch x f(d) and feeds batch x e(d)) and :func:`step_seconds`' additions, without
+    building the steps (bit for bit, tested). A draft pass that several shapes share (a family's nested shapes share
+    most) is priced once."""
+    return UniformTreePricer(cost_model, batch_size, shapes, draft_cost)
 
-    def seconds(context_tokens: int) -> list[float]:
-        global _last_tree
-        targets = [target(b, query, context_tokens) for query, _ in plans]
-        drafts = [draft(b, context_tokens + extra) if fed == b else draft(b, context_tokens + extra, fed)
-                  for extra, fed in reads]
-        out = []
-        for total, (_, keys) in zip(targets, plans):  # step_seconds' additions: verification, overhead, passes
+
+class UniformTreePricer:
+    """The seconds of a batch all verifying one shape, for each shape of a list, as a function of the batch's context
+    total (:func:`uniform_tree_pricer`); :meth:`affine_until` says how far they are exactly affine in the context
+    total.
+
+    Speed shortcut (switched by :data:`TREE_PRICER`): a cost model that has one (``decode_pricer``) works out once what
+    does not depend on the context total and checks its far limits by comparison; the same seconds and warnings as
+    the scalar calls (``tests/test_fast_paths.py``)."""
+
+    def __init__(self, cost_model: StepCosts, batch_size: int, shapes: Sequence[TreeShape], draft_cost: bool) -> None:
+        self.cost_model, self.batch_size, self.shapes, self.draft_cost = cost_model, batch_size, shapes, draft_cost
+        target, draft = cost_model.target_time, cost_model.draft_time
+        self.overhead = cost_model.overhead_time(batch_size)
+        b, passes, self._plans = batch_size, {}, []
+        for shape in shapes:
+            self._plans.append([passes.setdefault((b * before, b * fed), len(passes)) for fed, before in
+                                zip(shape.expanded, shape.fed_before)] if draft_cost and b else [])
+        self.queries, self.reads = [b * (shape.num_nodes + 1) for shape in shapes], list(passes)
+        queries, reads = self.queries, self.reads
+
+        def scalar(context_tokens: int) -> tuple[list[float], list[float]]:  # the plain twin: one call a part
+            return ([target(b, query, context_tokens) for query in queries],
+                    [draft(b, context_tokens + extra) if fed == b else draft(b, context_tokens + extra, fed)
+                     for extra, fed in reads])
+
+        fast = getattr(cost_model, "decode_pricer", None) if TREE_PRICER and b else None
+        self._parts = scalar if fast is None else fast(b, queries, reads, scalar)
+
+    def __call__(self, context_tokens: int) -> list[float]:
+        """The seconds by shape over ``context_tokens`` tokens of context in all."""
+        targets, drafts = self._parts(context_tokens)
+        out, overhead = [], self.overhead
+        for total, keys in zip(targets, self._plans):  # step_seconds' additions: verification, overhead, passes
             total += overhead
             for key in keys:
                 total += drafts[key]
             out.append(float(total))
-        _last_tree = (cost_model, b, context_tokens, draft_cost, shapes, out)
         return out
 
-    return seconds
+    quiet = __call__
+    """The same (it keeps no memo)."""
+
+    def affine_until(self) -> float:
+        """:func:`_affine_until` of these steps' parts."""
+        return _affine_until(self.cost_model, self.batch_size, self.queries, self.reads)
 
 
-TREE_MEMO = True
-"""Speed shortcut, switched here in one place: :func:`tree_memo` returns the seconds :func:`uniform_tree_pricer` has
-just worked out for a step (an adaptive policy pricing every shape of its batch) instead of pricing it again; equal
-bit for bit (``tests/test_trees.py`` runs both). False: no memo."""
+def uniform_step_pricer(cost_model: StepCosts, batch_size: int, shape: TreeShape,
+                        draft_cost: bool) -> Callable[[int], float]:
+    """The seconds of ``batch_size`` requests all verifying ``shape`` (a chain of k nodes: all proposing k) as a
+    function of their context total: :func:`uniform_tree_pricer`'s number of that one shape, bit for bit.
 
-_last_tree: tuple = (None, 0, 0, False, (), [])
-"""The latest :func:`uniform_tree_pricer` pricing: (cost model, batch size, context tokens, draft_cost, shapes, seconds
-by shape), the model and the shapes held by identity."""
+    Speed shortcut (switched by :data:`STEP_PRICER`): a cost model that has one (``step_pricer``) adds the step's parts
+    up as it works them out; the same seconds and warnings (``tests/test_fast_paths.py``)."""
+    plain = UniformTreePricer(cost_model, batch_size, [shape], draft_cost)
+
+    def one(context_tokens: int) -> float:  # the plain twin
+        return plain(context_tokens)[0]
+
+    fused = getattr(cost_model, "step_pricer", None) if STEP_PRICER and batch_size else None
+    return one if fused is None else fused(batch_size, plain.queries[0], plain.reads, plain.overhead, one)
 
 
-def tree_memo(cost_model: StepCosts, batch_size: int, context_tokens: int, shape: TreeShape,
-              draft_cost: bool) -> float | None:
-    """The seconds of ``batch_size`` requests all verifying ``shape`` over ``context_tokens`` if
-    :func:`uniform_tree_pricer` has just priced that step on ``cost_model`` (else ``None``; speed shortcut,
-    :data:`TREE_MEMO`)."""
-    model, batch, context, draft, shapes, seconds = _last_tree
-    if TREE_MEMO and model is cost_model and batch == batch_size and context == context_tokens and draft == draft_cost:
-        for j, priced in enumerate(shapes):
-            if priced is shape:
-                return seconds[j]
-    return None
+STEP_PRICER = True
+"""Speed shortcut, switched here in one place: :func:`uniform_step_pricer` prices through the cost model's
+``step_pricer`` (the context-free terms once, the parts added as worked out); the same seconds and warnings as
+:func:`uniform_tree_pricer` (``tests/test_fast_paths.py``). False: that pricer's number."""
+
+
+TREE_PRICER = True
+"""Speed shortcut, switched here in one place: :func:`uniform_tree_pricer` prices through the cost model's
+``decode_pricer`` (the context-free terms once a batch size, the far checks as comparisons); the same seconds and
+warnings as the scalar calls (``tests/test_fast_paths.py``). False: the scalar calls every pricing."""

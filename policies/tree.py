@@ -194,7 +194,7 @@ class TreeShape:
             total += fed
         return tuple(out)
 
-    @property
+    @functools.cached_property
     def is_chain(self) -> bool:
         """Whether every node is the most likely token after its parent (ordinary speculation)."""
         return all(not any(path) for path in self.paths)

@@ -1,8 +1,12 @@
 """The bench's cases: a policy name with variants (``+ngram``, ``+chunked``, ``+NAME=VALUE``) and another profile."""
 from __future__ import annotations
 
+import pytest
+
+from policies.errors import UserError
 from simulator.config import SimConfig
-from simulator.studies.bench import BENCH_PROFILE, _case_config
+from simulator.inputs import MOONCAKE
+from simulator.studies.bench import BENCH_PROFILE, _case_config, _fleet_case, fleet_trace_table, main
 
 
 def test_a_case_carries_its_variants_and_parameters():
@@ -22,8 +26,6 @@ def test_a_case_on_another_profile(tmp_path):
 
 
 def test_a_fleet_case_is_the_case_at_n_times_the_rate_behind_least_outstanding():
-    from simulator.studies.bench import _fleet_case
-
     config = SimConfig.from_dict(_fleet_case(1000, "goodput", 64, 3.0))
     assert (config.fleet.replicas, config.fleet.router, config.workload.rate, config.workload.num_requests) == (
         64, "least-outstanding", 192.0, 1000)
@@ -38,3 +40,22 @@ def test_the_fleet_table_gives_one_replica_then_the_fleet_for_each_policy():
     assert single.split()[:3] == ["no-spec", "1", "40"]
     assert single.split()[-4] == single.split()[-2] == "1.00x"  # one replica: the unit of both ratios
     assert fleet.split()[:3] == ["no-spec", "2", "40"] and fleet.split()[-2].endswith("x")
+
+
+def test_a_fleet_trace_case_replays_the_trace_at_n_times_the_rate():
+    config = SimConfig.from_dict(_fleet_case(None, "goodput", 8, 0.1, trace=MOONCAKE))
+    assert (config.arrival, config.trace, config.rate, config.replicas, config.num_requests) == (
+        "trace", str(MOONCAKE), 0.8, 8, None)
+    assert config.length_dist == "fixed"  # the trace's lengths
+
+
+def test_the_fleet_trace_table_sets_each_policys_fleet_against_the_first():
+    header, first, second = fleet_trace_table(2, 30, 0.1, ["no-spec", "goodput"], BENCH_PROFILE, MOONCAKE)
+    assert header.split()[:4] == ["policy", "replicas", "requests", "steps"] and header.count("ratio") == 3
+    assert first.split()[:3] == ["no-spec", "2", "30"] and first.split().count("1.00x") == 3  # the unit of the ratios
+    assert second.split()[:3] == ["goodput", "2", "30"] and second.split()[5].endswith("x")
+
+
+def test_a_fleet_trace_that_is_neither_a_name_nor_a_file_is_one_line():
+    with pytest.raises(UserError, match=r"^--fleet-trace: 'nothing' is neither a trace name \(mooncake\) nor a file$"):
+        main(["--fleet-trace", "nothing", "--calls", "0"])

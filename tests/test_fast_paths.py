@@ -6,6 +6,7 @@ Python path (``Goodput.fast``) against its numpy reference, both alone and in wh
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 
 from policies import step_time
 from policies.base import BatchView, StepOutcome
-from policies.goodput import Goodput
+from policies.goodput import GRID, Goodput
 from policies.step_time import predict_step_seconds, shape_seconds, step_shape, uniform_step_seconds
 from simulator.config import SimConfig
 from simulator.core.engine import _Uniforms
@@ -487,19 +488,27 @@ DECISIONS = [{}, {"save_steps": True}, {"proposer": "ngram", "acceptance_rate": 
 def test_goodput_decisions_priced_alike(monkeypatch, flag, fields):
     """step_time.UNIFORM_PRICER, goodput.SEQUENTIAL_SUM and acceptance.UNIFORM_DRAWS on and off in whole goodput runs:
     the same summaries, request columns, step rows (where kept) and warnings."""
-    import warnings
-
     from policies import goodput
     from simulator.inputs import acceptance
 
     config = SimConfig.of(**{**dict(profile=PROFILE, policy="goodput", rate=8.0, num_requests=300, seed=14), **fields})
     module = {"UNIFORM_PRICER": step_time, "SEQUENTIAL_SUM": goodput, "UNIFORM_DRAWS": acceptance}[flag]
+    _runs_alike(monkeypatch, config, module, flag)
+
+
+def _runs_alike(monkeypatch, config: SimConfig, owner, flag: str) -> None:
+    """Run ``config`` (an engine or a fleet) with the shortcut ``owner.flag`` on and off: the same summaries, request
+    columns, step rows (where kept) and warnings."""
+    import warnings
+
+    from simulator.fleet import run as run_config
+
     results = []
     for on in (True, False):
-        monkeypatch.setattr(module, flag, on)
+        monkeypatch.setattr(owner, flag, on)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            results.append((run_simulation(config), [str(w.message) for w in caught]))
+            results.append((run_config(config), [str(w.message) for w in caught]))
     (fast, fast_warned), (plain, plain_warned) = results
     _assert_same_runs(fast, plain)
     assert fast.recorder.steps == plain.recorder.steps
@@ -535,3 +544,238 @@ def test_adaptive_runs_go_on_past_a_finish(monkeypatch):
     (more stretches of steps than runs), and still gives the plain loop's results."""
     config = SimConfig.of(profile=PROFILE, policy="goodput", rate=2.0, num_requests=200, seed=16)
     _goes_on_past_a_finish(monkeypatch, config, "ADAPTIVE_RUNS", "_adaptive_run", "_adaptive_steps")
+
+
+# --- issue 30: token trees and adaptive fleets ------------------------------------------------------------------------
+SGLANG = dict(speculative_num_steps=5, speculative_eagle_topk=4, speculative_num_draft_tokens=8, k=7)
+VLLM_TREE = "[(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)]"
+EXAMPLE = str(Path(PROFILE).with_name("example_grid.csv"))
+H100 = str(Path(PROFILE).with_name("h100-80gb-analytical__llama-2-7b__llama-68m.csv"))
+
+
+def _family():
+    from policies.tree import TreeFamily, TreeShape, rank_table
+
+    q = rank_table((0.8,), (0.6, 0.3, 0.1))
+    return TreeFamily(TreeShape.sglang(5, 4, 8, q), q)
+
+
+def _decided(policy: Goodput, batch: int, context: int, cost, max_k: int, draft: bool, tree) -> int:
+    """The policy's decision for one batch (its state as it is), as propose_plain makes it."""
+    if tree is None:
+        policy._decide_uniform(batch, context, cost, max_k, draft)
+    else:
+        policy._decide_tree_uniform(batch, context, cost, max_k, draft, tree)
+    return policy._last_k
+
+
+@pytest.mark.parametrize("which", ["bench", "json", "h100"])
+@pytest.mark.parametrize("trees", [False, True])
+def test_a_decision_span_holds_at_every_point_of_it(which, trees):
+    """The theory of Goodput.spans: every span a policy keeps (rates low..high, context totals lo..hi, decision k) is
+    the decision priced from scratch at its corners, at points inside it and one token inside its ends, for chains
+    (any rate between: the estimate is a ratio of averages) and trees (each grid rate of its range)."""
+    cost = load_cost_model(H100) if which == "h100" else _loaded(which)
+    family = _family() if trees else None
+    rng = np.random.default_rng(23)
+    spans = 0
+    for _ in range(80):
+        batch, draft, max_k = int(rng.integers(1, 40)), bool(rng.random() < 0.8), int(rng.integers(1, 8))
+        policy = Goodput(7, bonus=float(rng.choice([1.0, 1.1])))
+        if trees:
+            policy._belief(family)
+            policy._tree_loglik = -np.abs(np.arange(GRID) - rng.integers(120, 190)).astype(float)  # a peak
+        else:
+            policy._global = [float(rng.random()), 1.0]
+        _decided(policy, batch, int(batch * rng.integers(10, 6000)), cost, max_k, draft, family)
+        fresh = Goodput(7, bonus=policy.bonus)  # decides from scratch: no span
+        fresh.spans = False
+        if trees:
+            fresh._belief(family)
+        for key, kept in policy._spans.items():
+            for low, high, lo, hi, k in kept:
+                spans += 1
+                rates = range(low, high + 1) if trees else (low, high, *rng.uniform(low, high, 3))
+                contexts = {lo, hi, min(lo + 1, hi), max(hi - 1, lo), *rng.integers(lo, hi + 1, 3).tolist()}
+                for rate in rates:
+                    if trees:
+                        fresh._tree_loglik = np.where(np.arange(GRID) == rate, 0.0, -1.0)  # argmax: that rate
+                    else:
+                        fresh._global = [float(rate), 1.0]
+                    for context in contexts:
+                        assert _decided(fresh, key[0], int(context), cost, key[1], key[2], family) == k
+    assert spans > 40
+
+
+@pytest.mark.parametrize("trees", [False, True])
+@pytest.mark.parametrize("which", ["bench", "linear", "interp"])
+def test_goodput_with_decision_spans_decides_as_pricing_every_step(trees, which):
+    """Goodput.spans on and off, driven by hand over batches whose sizes and contexts jump about and acceptance that
+    changes: the same proposals every step, the same estimates and the same warnings (the example grid's far
+    queries); the interpolating model is not exactly linear, so it keeps no span."""
+    import warnings
+
+    family = _family() if trees else None
+    seen = {}
+    for spans in (True, False):
+        cost, rng = _loaded(which), np.random.default_rng(29)
+        models = [ConstantAcceptance(rate, np.random.default_rng(seed)) for rate, seed in ((0.85, 30), (0.3, 31))]
+        policy = Goodput(7)
+        policy.spans = spans
+        proposals = []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for step in range(3000):
+                batch = int(rng.integers(1, 6)) if step % 500 < 250 else int(rng.integers(1, 60))
+                context = batch * int(rng.integers(50, 3000 if rng.random() < 0.95 else 30000))
+                proposed = policy.propose_plain(batch, context, cost, 7, bool(step % 7), family)
+                model, rids = models[(step // 400) % 2], list(range(batch))  # acceptance that changes
+                policy.observe_plain(proposed, model.draw_list(rids, proposed) if family is None else
+                                     model.draw_tree(rids, proposed, family))
+                proposals.append(proposed)
+        seen[spans] = (proposals, [str(w.message) for w in caught], list(policy._global),
+                       None if not trees else policy._tree_loglik.tolist())
+        if spans:
+            assert bool(policy._spans) == (which != "interp")
+    assert seen[True] == seen[False]
+
+
+SPAN_RUNS = [dict(policy="goodput"), dict(policy="goodput", save_steps=True),
+             dict(policy="goodput", rate=40.0, num_gpu_blocks=600),  # preemptions
+             dict(policy="goodput", policy_params=(("estimator", "ratio"), ("every", 3), ("bonus", 1.1))),
+             dict(policy="goodput", acceptance="beta", rate=12.0), dict(policy="goodput", acceptance_rate=0.2),
+             dict(policy="goodput", proposer="ngram", acceptance_rate=0.4),
+             dict(policy="goodput", profile=EXAMPLE, rate=30.0),  # far beyond the grid: warns
+             dict(policy="goodput", policy_profile=H100),
+             dict(policy="goodput", scheduler="chunked-prefill", save_steps=True),
+             dict(policy="goodput", replicas=3, router="least-outstanding", rate=2.0),
+             dict(policy="goodput", **SGLANG), dict(policy="goodput", save_steps=True, **SGLANG),
+             dict(policy="goodput", rate=40.0, num_gpu_blocks=600, **SGLANG),
+             dict(policy="goodput", k=8, speculative_token_tree=VLLM_TREE, acceptance_rate=0.3, rate=20.0),
+             dict(policy="goodput", policy_params=(("mode", "request"),), **SGLANG),
+             dict(policy="goodput", replicas=3, router="round-robin", rate=2.0, **SGLANG)]
+
+
+@pytest.mark.parametrize("flag, fields", [("spans", fields) for fields in SPAN_RUNS] +
+                         [("fast_trees", fields) for fields in SPAN_RUNS if "k" in fields])  # (trees only)
+def test_decision_spans_and_kept_tree_numbers_run_alike(monkeypatch, flag, fields):
+    """Goodput.spans and Goodput.fast_trees on and off in whole runs (single engines and fleets, chains and trees): the
+    same summaries, request columns, step rows (where kept) and warnings."""
+    _runs_alike(monkeypatch, SimConfig.of(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=31), **fields}),
+                Goodput, flag)
+
+
+def test_a_goodput_fleet_at_light_load_runs_alike_with_and_without_spans(monkeypatch):
+    """The bench's light-load fleet (Mooncake's conversation trace at 0.1 requests/s per replica, 8 replicas), its first
+    400 requests: the same requests and per-replica table with decision spans as without."""
+    from simulator.fleet import run as run_config
+    from simulator.inputs import MOONCAKE
+
+    config = SimConfig.of(profile=PROFILE, arrival="trace", trace=str(MOONCAKE), rate=0.8, num_requests=400,
+                       policy="goodput", replicas=8, router="least-outstanding", seed=0)
+    with pytest.warns(UserWarning, match="extrapolating"):  # Mooncake's prompts reach 23k tokens
+        fast = run_config(config)
+    monkeypatch.setattr(Goodput, "spans", False)
+    with pytest.warns(UserWarning, match="extrapolating"):
+        plain = run_config(config)
+    _assert_same_runs(fast, plain)
+    assert fast.replicas.equals(plain.replicas)
+
+
+@pytest.mark.parametrize("which", ["bench", "json", "linear", "interp"])
+def test_tree_and_step_pricers_are_the_scalar_calls(monkeypatch, which):
+    """step_time.TREE_PRICER and STEP_PRICER (the linear model's context-free terms worked out once) on and off: the
+    same seconds and warnings for the shapes of a tree family and chains, near the grid and far beyond it (the example
+    grid's), each pairing of flags on its own copy of the model (a model warns once per block); a step's pricer is
+    the family pricer's number of its shape."""
+    import warnings
+
+    from policies.tree import TreeShape
+
+    family, seen = _family(), {}
+    for fast in (True, False):
+        monkeypatch.setattr(step_time, "TREE_PRICER", fast)
+        monkeypatch.setattr(step_time, "STEP_PRICER", fast)
+        model, rng, out = _loaded(which), np.random.default_rng(37), []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for _ in range(300):
+                batch, draft = int(rng.integers(1, 300)) if rng.random() < 0.2 else int(rng.integers(1, 6)), \
+                    bool(rng.random() < 0.7)
+                shapes = ([family.shape(k) for k in range(8)] if rng.random() < 0.5 else
+                          [TreeShape.chain(k) for k in range(int(rng.integers(1, 7)))])
+                prices = step_time.uniform_tree_pricer(model, batch, shapes, draft)
+                one = step_time.uniform_step_pricer(model, batch, shapes[-1], draft)
+                for _ in range(3):
+                    context = int(batch * rng.integers(1, 40000 if rng.random() < 0.1 else 2000))
+                    out.append((prices(context), one(context)))
+                    assert out[-1][1] == out[-1][0][-1]
+        seen[fast] = (out, [str(w.message) for w in caught])
+    assert seen[True] == seen[False]
+
+
+def test_affine_until_is_the_last_context_priced_without_a_warning():
+    """LinearCostModel.affine_until: pricing a step at that context total warns nothing, one token more warns; once
+    every block asked has warned it is inf; an interpolating model or a negative coefficient gives -inf."""
+    import warnings
+
+    data = Path(PROFILE).parent
+    family = _family()
+    for batch, draft in ((1, True), (7, True), (7, False), (200, True)):
+        shapes = [family.shape(k) for k in range(8)]
+        model = load_cost_model(data / "example_grid.csv", "linear")
+        prices = step_time.uniform_tree_pricer(model, batch, shapes, draft)
+        until = prices.affine_until()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if until == -math.inf:  # a batch beyond the grid: every context warns
+                assert batch > 128
+                prices(batch)
+            else:
+                prices(until)
+                assert not caught
+                prices(until + 1)
+            assert caught
+        for block in ("target", "draft"):
+            model._warned.add(block)
+        assert prices.affine_until() == math.inf
+    interp = load_cost_model(data / "example_grid.csv", "interp")
+    assert step_time.uniform_pricer(interp, 4, 4, True).affine_until() == -math.inf
+    negative = load_cost_model(data / "example_grid.csv", "linear")
+    negative._coef["draft"] = (-1e-4, *negative._coef["draft"][1:])
+    assert step_time.uniform_pricer(negative, 4, 4, True).affine_until() == -math.inf
+    assert step_time.uniform_pricer(negative, 4, 4, False).affine_until() > 0  # no draft pass: the draft's unasked
+
+
+def test_tree_uniforms_in_blocks_are_the_per_step_draws(monkeypatch):
+    """acceptance.TREE_UNIFORMS: a constant model's tree draws in blocks against one draw a step, mixed with chain draws
+    (whose geometric blocks first put back the uniforms drawn ahead), refills inside steps too: the same draws."""
+    from simulator.inputs import acceptance
+
+    family = _family()
+    seen = {}
+    for blocks in (True, False):
+        monkeypatch.setattr(acceptance, "TREE_UNIFORMS", blocks)
+        model, rng, out = ConstantAcceptance(0.7, np.random.default_rng(41)), np.random.default_rng(43), []
+        model.BLOCK = 23
+        for i in range(800):
+            batch = int(rng.integers(1, 30))
+            ks = [int(rng.integers(0, 8))] * batch if rng.random() < 0.7 else rng.integers(0, 8, batch).tolist()
+            kind = "tree" if i < 300 or rng.random() < 0.6 else "chain"
+            out.append(model.draw_tree(list(range(batch)), ks, family) if kind == "tree" else
+                       model.draw_list(list(range(batch)), [min(k, 4) for k in ks]))
+        seen[blocks] = out
+    assert seen[True] == seen[False]
+
+
+@pytest.mark.parametrize("fields", [dict(policy="fixed-k", **SGLANG), dict(policy="goodput", **SGLANG),
+                                    dict(policy="fixed-k", proposer="ngram"), dict(policy="goodput"),
+                                    dict(policy="fixed-k", scheduler="chunked-prefill", **SGLANG)])
+def test_kept_pricers_run_alike(monkeypatch, fields):
+    """runs.KEPT_PRICERS (the engine's pricers of uniform steps kept by batch size and k) on and off: the same runs."""
+    from simulator.core import runs
+
+    config = SimConfig.of(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=47), **fields})
+    fast = run_simulation(config)
+    monkeypatch.setattr(runs, "KEPT_PRICERS", False)
+    _assert_same_runs(fast, run_simulation(config))

@@ -304,10 +304,14 @@ def test_a_chain_given_as_a_tree_is_todays_chain_bit_for_bit(fields):
      "_adaptive_run"),
 ])
 def test_a_trees_runs_of_steps_are_its_steps_one_by_one(monkeypatch, fields, method):
-    """Speed shortcuts: a stationary policy's uniform runs and goodput's plain-Python runs of tree steps, and the
-    uniform tree step priced from the policy's own pricing (``step_time.TREE_MEMO``), are the per-step path's steps."""
+    """Speed shortcuts: a stationary policy's uniform runs and goodput's plain-Python runs of tree steps are the
+    per-step path's steps, and so are they with every shortcut of issue 30 off (goodput's decision spans and kept
+    tree numbers, the pricers' linear forms, the engine's kept pricers, the uniforms drawn in blocks)."""
     from policies import step_time
+    from policies.goodput import Goodput
+    from simulator.core import runs as runs_module
     from simulator.core.runs import DecodeRuns
+    from simulator.inputs import acceptance
 
     taken = []
     original = getattr(DecodeRuns, method)
@@ -315,7 +319,9 @@ def test_a_trees_runs_of_steps_are_its_steps_one_by_one(monkeypatch, fields, met
     runs = run_simulation(SimConfig.of(**BASE, **fields))
     assert taken
     same_results(runs, run_simulation(SimConfig.of(**BASE, **fields), step_by_step=True))
-    monkeypatch.setattr(step_time, "TREE_MEMO", False)
+    for owner, flag in ((Goodput, "spans"), (Goodput, "fast_trees"), (step_time, "TREE_PRICER"),
+                        (step_time, "STEP_PRICER"), (runs_module, "KEPT_PRICERS"), (acceptance, "TREE_UNIFORMS")):
+        monkeypatch.setattr(owner, flag, False)
     same_results(runs, run_simulation(SimConfig.of(**BASE, **fields)))
 
 

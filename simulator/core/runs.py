@@ -52,7 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from policies.step_time import run_seconds, tree_memo, uniform_memo, uniform_step_seconds, uniform_tree_pricer
+from policies.step_time import run_seconds, uniform_memo, uniform_step_pricer, uniform_step_seconds
+from policies.tree import TreeShape
 
 LIST_RUNS = True
 """Speed shortcut, switched here in one place: a speculative run of a stationary policy works out its steps on plain
@@ -84,9 +85,10 @@ the loop of :meth:`DecodeRuns._plain_run`."""
 
 UNIFORM_STEPS = True
 """Speed shortcut, switched here in one place: a step of the per-step path in which every request proposes the same k
-(``SimulatedEngine._decode_seconds``) is priced by :meth:`DecodeRuns._uniform_pricer` (the step formula's scalar calls
-without a step shape) unless an adaptive policy has just priced it (``step_time.uniform_memo``); the same seconds and
-warnings (``tests/test_fast_paths.py``). False: :func:`policies.step_time.predict_step_seconds`."""
+(``SimulatedEngine._decode_seconds``; and of an adaptive run, :meth:`DecodeRuns._adaptive_steps`) is priced by
+:meth:`DecodeRuns._uniform_pricer` (the step formula without a step shape), in the per-step path unless an adaptive
+policy has just priced it (``step_time.uniform_memo``); the same seconds and warnings (``tests/test_fast_paths.py``).
+False: :func:`policies.step_time.predict_step_seconds`."""
 
 BY_COUNT = True
 """Speed shortcut, switched here in one place: a built-in policy whose proposal is one k for everyone chosen by the
@@ -106,6 +108,13 @@ asked and told every step (:meth:`DecodeRuns._adaptive_run`); contexts, blocks a
 speculative totals follow at the end, for as many steps as surely fit in the free blocks. The same steps, prices,
 draws, decisions and stopping points as the loop of :meth:`DecodeRuns._plain_run`, bit for bit
 (``tests/test_fast_paths.py``). False: that loop."""
+
+
+KEPT_PRICERS = True
+"""Speed shortcut, switched here in one place: the engine keeps the pricer of a uniform step by (batch size, k)
+(:meth:`DecodeRuns._uniform_pricer`; its cost model, tree family and proposer are the engine's, fixed for its life)
+rather than building one for every stretch of steps; the same function, so the same seconds and warnings
+(``tests/test_fast_paths.py`` runs both). False: built each time."""
 
 
 class BatchLoad:
@@ -158,6 +167,9 @@ class DecodeRuns:
 
     planned_end: Any = None
     """The timeout that ends the latest run of steps (:meth:`_run_end`)."""
+
+    _step_prices: dict[tuple[int, int], Any]
+    """The pricers of uniform steps by (batch size, k) (:data:`KEPT_PRICERS`; set by the engine)."""
 
     def _run_clock(self) -> float:
         """The clock a run of steps starts from: now (a fleet's replica planning a run again returns its start)."""
@@ -480,9 +492,6 @@ class DecodeRuns:
             if not draft:  # shape_seconds without draft passes (the memo's number too, where it has one)
                 seconds = target(batch, sum(proposed) + batch, context)
                 seconds += overhead
-            elif uniform and self.tree is None and (seconds := uniform_memo(engine_cost, batch, context, k, True)) \
-                    is not None:
-                pass  # the policy has just priced this step
             elif uniform and UNIFORM_STEPS:  # as _decode_seconds prices a uniform step: its scalar formula
                 if (price := pricers.get(k)) is None:
                     price = pricers[k] = self._uniform_pricer(batch, k)
@@ -689,28 +698,15 @@ class DecodeRuns:
         :func:`policies.step_time.shape_seconds` of the uniform step's shape (what the per-step path charges) without
         building the shape, the same cost-model calls in the same order and the additions of
         :func:`policies.step_time.step_seconds` (verification, overhead, draft passes), so bit for bit its number and
-        its warnings; the overhead, a function of the batch size alone, is priced once a run. With token trees, the
-        tree form's (:func:`policies.step_time.uniform_tree_pricer`, bit for bit :meth:`_decode_seconds`' number)."""
-        if self.tree is not None:
-            shape, draft, cost = self.tree.shape(k), self.spec.draft_proposer, self.cost
-            prices = uniform_tree_pricer(cost, batch, [shape], draft)
-
-            def tree_price(context: int) -> float:  # what a policy has just priced (speed shortcut, tree_memo)
-                seconds = tree_memo(cost, batch, context, shape, draft)
-                return prices(context)[0] if seconds is None else seconds
-
-            return tree_price
-        target, draft_time, overhead = self.cost.target_time, self.cost.draft_time, self.cost.overhead_time(batch)
-        query = batch * (k + 1)
-        passes = range(k) if self.spec.draft_proposer else range(0)
-
-        def price(context: int) -> float:
-            seconds = target(batch, query, context)
-            seconds += overhead
-            for p in passes:  # draft pass p + 1 reads sum_i (c_i + p)
-                seconds += draft_time(batch, context + batch * p)
-            return seconds
-
+        its warnings: the step of a chain of k nodes priced by :func:`policies.step_time.uniform_step_pricer`, whose
+        chain steps are the chain form's (with token trees, the tree form's: bit for bit :meth:`_decode_seconds`'
+        number); kept by (batch, k) (:data:`KEPT_PRICERS`)."""
+        if KEPT_PRICERS and (kept := self._step_prices.get((batch, k))) is not None:  # (speed shortcut, tested)
+            return kept
+        price = uniform_step_pricer(self.cost, batch, TreeShape.chain(k) if self.tree is None else self.tree.shape(k),
+                                    self.spec.draft_proposer)
+        if KEPT_PRICERS:
+            self._step_prices[batch, k] = price
         return price
 
     def _timeout_until(self, clock: float):

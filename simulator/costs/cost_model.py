@@ -320,43 +320,112 @@ class LinearCostModel(CostModel):
 
     def uniform_decode_pricer(self, batch_size: int, k_max: int,
                               drafts: bool) -> Callable[[int], tuple[list[float], list[float]]]:
-        # speed shortcut (switched by policies.step_time.UNIFORM_PRICER, which asks for it): the terms of
-        # uniform_decode_times that do not depend on the context total worked out once, and the far checks as two
-        # comparisons; the same numbers (each sum in its order) and, through uniform_decode_times, the same
-        # warnings (tests/test_fast_paths.py)
-        if type(self)._decode is not LinearCostModel._decode:  # a subclass that evaluates otherwise
-            return CostModel.uniform_decode_pricer(self, batch_size, k_max, drafts)
+        # speed shortcut (switched by policies.step_time.UNIFORM_PRICER, which asks for it): decode_pricer of the
+        # uniform step's verifications (q = b (k + 1)) and draft passes (pass j reads c + b j, one token a sequence),
+        # uniform_decode_times (the same warnings, in its order) where a far check fails (tests/test_fast_paths.py)
         b, drafts = batch_size, bool(drafts and k_max)
-        if drafts:
-            self._check_draft()  # (uniform_decode_times raises it at its first call; so does this, on being built)
-        # target k: ((base + per_token q) + per_context c) + per_seq b + ((per_qc q) c) / b, with q = b (k + 1)
-        base, per_token, per_context, per_seq, per_qc = self._coef["target"]
-        fixed = [(base + per_token * q, per_qc * q) for q in [b * (k + 1) for k in range(k_max + 1)]]
-        seq = per_seq * b
-        lim_b, lim_c = self._far["target"]
-        # the far checks: target over c, draft pass j over c + b j (the last pass reads the most); a block that
-        # has warned warns no more, so the shortcut stands once every block asked has warned
-        far_target = -math.inf if b > lim_b else lim_c * b
-        blocks = {"target", "draft"} if drafts else {"target"}
-        far_draft, reach = math.inf, b * (k_max - 1)
-        if drafts:
-            d_base, d_token, d_context, d_seq, d_qc = self._coef["draft"]
-            # pass j reads t = c + b j: ((base + per_token b) + per_context t) + per_seq b + ((per_qc b) t) / b
-            d_fixed, d_seq, d_qc = d_base + d_token * b, d_seq * b, d_qc * b
-            lim_b, lim_c = self._far["draft"]
-            far_draft = -math.inf if b > lim_b else lim_c * b
-            steps = [b * j for j in range(k_max)]
-        full = self.uniform_decode_times
+        return self.decode_pricer(b, [b * (k + 1) for k in range(k_max + 1)],
+                                  [(b * j, b) for j in range(k_max)] if drafts else [],
+                                  lambda context_tokens: self.uniform_decode_times(b, context_tokens, k_max, drafts))
+
+    def decode_pricer(self, batch_size: int, queries: Sequence[int], passes: Sequence[tuple[int, int]],
+                      scalar: Callable[[int], tuple[list[float], list[float]]]
+                      ) -> Callable[[int], tuple[list[float], list[float]]]:
+        """Decode-step parts of ``batch_size`` sequences over a context total c, as a function of c: ``target_time(b,
+        q, c)`` for each q of ``queries`` and ``draft_time(b, c + extra, fed)`` for each ``(extra, fed)`` of ``passes``
+        (asked without its query count where fed = b), the numbers ``scalar`` (the caller's plain twin, making those
+        calls) gives, bit for bit.
+
+        Speed shortcut (switched by the callers' flags, ``policies.step_time.UNIFORM_PRICER`` and ``TREE_PRICER``): the
+        terms of :meth:`_decode` that do not depend on c worked out once, left to right as it adds them, and the far
+        checks as two comparisons; where one fails and its block has not warned yet, ``scalar`` prices that c (the same
+        warnings, in its order). A subclass that evaluates otherwise (``_decode`` overridden) gets ``scalar``."""
+        if type(self)._decode is not LinearCostModel._decode:
+            return scalar
+        b = batch_size
+        fixed, seq, per_context, d_fixed, d_context, d_seq, far_target, far_draft, reach, blocks = self._linear_terms(
+            b, queries, passes)
 
         def price(context_tokens: int) -> tuple[list[float], list[float]]:
             if (context_tokens > far_target or context_tokens + reach > far_draft) and not blocks <= self._warned:
-                return full(b, context_tokens, k_max, drafts)
-            passes = [d_fixed + d_context * t + d_seq + d_qc * t / b
-                      for t in [context_tokens + s for s in steps]] if drafts else []
+                return scalar(context_tokens)
+            drafts = [a + d_context * (t := context_tokens + extra) + d_seq + qc * t / b for a, qc, extra in d_fixed]
             reads = per_context * context_tokens
-            return [a + reads + seq + qc * context_tokens / b for a, qc in fixed], passes
+            return [a + reads + seq + qc * context_tokens / b for a, qc in fixed], drafts
 
         return price
+
+    def step_pricer(self, batch_size: int, query: int, passes: Sequence[tuple[int, int]], overhead: float,
+                    scalar: Callable[[int], float]) -> Callable[[int], float]:
+        """The seconds of one decode step of ``batch_size`` sequences over a context total c, as a function of c: the
+        verification of ``query`` tokens (:meth:`decode_pricer`'s part), plus ``overhead``, plus each pass of
+        ``passes`` in turn (``policies.step_time.step_seconds``' additions), the number ``scalar`` (the caller's plain
+        twin) gives, bit for bit.
+
+        Speed shortcut (switched by ``policies.step_time.STEP_PRICER``, which asks for it): :meth:`decode_pricer`'s
+        terms added up as they are worked out, without lists; where a far check fails and its block has not warned
+        yet, ``scalar`` prices that c (the same warnings). A subclass that evaluates otherwise gets ``scalar``."""
+        if type(self)._decode is not LinearCostModel._decode:
+            return scalar
+        b = batch_size
+        ((target, qc),), seq, per_context, d_fixed, d_context, d_seq, far_target, far_draft, reach, blocks = \
+            self._linear_terms(b, [query], passes)
+
+        def price(context_tokens: int) -> float:
+            if (context_tokens > far_target or context_tokens + reach > far_draft) and not blocks <= self._warned:
+                return scalar(context_tokens)
+            seconds = target + per_context * context_tokens + seq + qc * context_tokens / b
+            seconds += overhead
+            for a, d_qc, extra in d_fixed:
+                seconds += a + d_context * (t := context_tokens + extra) + d_seq + d_qc * t / b
+            return seconds
+
+        return price
+
+    def _linear_terms(self, b: int, queries: Sequence[int], passes: Sequence[tuple[int, int]]) -> tuple:
+        """What :meth:`decode_pricer` and :meth:`step_pricer` work out once for ``b`` sequences: the terms of
+        :meth:`_decode` that do not depend on the context total c, left to right as it adds them, and what the far
+        checks compare (pricing c may warn where c > the target's limit or c + reach > the draft's, unless every block
+        asked has warned)."""
+        if passes:
+            self._check_draft()  # (the scalar draft calls raise it at the first call; so does this, on being built)
+        # target: ((base + per_token q) + per_context c) + per_seq b + ((per_qc q) c) / b
+        base, per_token, per_context, per_seq, per_qc = self._coef["target"]
+        fixed = [(base + per_token * q, per_qc * q) for q in queries]
+        lim_b, lim_c = self._far["target"]
+        # a block that has warned warns no more, so the shortcut stands once every block asked has warned
+        far_target = -math.inf if b > lim_b else lim_c * b
+        blocks = {"target", "draft"} if passes else {"target"}
+        far_draft, reach, d_context, d_seq, d_fixed = math.inf, max((e for e, _ in passes), default=0), 0.0, 0.0, []
+        if passes:
+            # a pass reads t = c + extra and feeds f: ((base + per_token f) + per_context t) + per_seq b
+            # + ((per_qc f) t) / b
+            d_base, d_token, d_context, d_seq, d_qc = self._coef["draft"]
+            d_fixed = [(d_base + d_token * fed, d_qc * fed, extra) for extra, fed in passes]
+            d_seq = d_seq * b
+            lim_b, lim_c = self._far["draft"]
+            far_draft = -math.inf if b > lim_b else lim_c * b
+        return fixed, per_seq * b, per_context, d_fixed, d_context, d_seq, far_target, far_draft, reach, blocks
+
+    def affine_until(self, batch_size: int, queries: Sequence[int], passes: Sequence[tuple[int, int]]) -> float:
+        """The context total up to which the parts :meth:`decode_pricer` prices (the same arguments) are, as functions
+        of the context total c >= 0, affine with every term >= 0 (non-negative coefficients) and priced without a
+        warning: inf once every block asked has warned; -inf where that cannot be said (a model that evaluates
+        otherwise, a negative coefficient, a batch beyond the grid whose block has not warned). What a goodput
+        policy's decision spans rely on (``policies.goodput.Goodput.spans``)."""
+        if type(self)._decode is not LinearCostModel._decode or batch_size < 1:
+            return -math.inf
+        until = math.inf
+        for block, extra in (("target", 0), ("draft", max((e for e, _ in passes), default=0)))[:2 if passes else 1]:
+            if block not in self._coef or min(self._coef[block]) < 0:
+                return -math.inf
+            if block in self._warned:
+                continue
+            lim_b, lim_c = self._far[block]
+            far = lim_c * batch_size  # c + extra warns beyond it (and every c where the batch is beyond the grid)
+            until = min(until, -math.inf if batch_size > lim_b else far - extra if far == math.inf
+                        else math.floor(far) - extra)
+        return until
 
     def prefill_time(self, batch_size: int, prompt_tokens: int, role: str = "target") -> float:
         block = BLOCKS[(role, "prefill")]

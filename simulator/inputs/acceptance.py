@@ -74,6 +74,12 @@ everyone caps the draws by that k without pairing each with its proposal (the sa
 ``tests/test_fast_paths.py`` runs both). False: each draw capped by its own proposal."""
 
 
+TREE_UNIFORMS = True
+"""Speed shortcut, switched here in one place: :class:`ConstantAcceptance` draws the uniforms of token trees
+(:meth:`AcceptanceModel.draw_tree`) in blocks, the same values in the same order as draws of each step's size
+(``tests/test_fast_paths.py`` runs both). False: one draw a step."""
+
+
 class AcceptanceModel:
     """Base class: per-request hooks that do nothing, and the per-step :meth:`draw` to implement."""
 
@@ -117,13 +123,17 @@ class AcceptanceModel:
     def draw_tree(self, request_ids: list[int], ks: list[int], family: TreeFamily) -> list[int]:
         """Accepted length of each request verifying ``family.shape(ks[i])`` (0 for k = 0): one uniform per request
         from the model's generator, inverted through the shape's survival under the request's rank table."""
-        uniforms = self._rng.random(len(ks)).tolist()
+        uniforms = self._tree_uniforms(len(ks))
         if self.shared_ranks and ks and ks.count(k := ks[0]) == len(ks):
             # one k, one table (speed shortcut): accepted_length of the table each request would fetch, inlined
             table = self._inversion(0, family, k)
             return [bisect_left(table, -u) for u in uniforms] if k else [0] * len(ks)
         inversion = self._inversion
         return [accepted_length(inversion(r, family, k), u) if k else 0 for r, k, u in zip(request_ids, ks, uniforms)]
+
+    def _tree_uniforms(self, count: int) -> list[float]:
+        """The next ``count`` uniforms of the model's generator, for :meth:`draw_tree`."""
+        return self._rng.random(count).tolist()
 
     shared_ranks: bool = True
     """Whether every request draws from the same rank table (:meth:`_inversion` then reads no request; False: the
@@ -159,6 +169,11 @@ class ConstantAcceptance(AcceptanceModel):
         self._rng = rng
         self._buffer: list[int] = []
         self._used = 0
+        self._uniforms: list[float] = []
+        """Uniforms drawn for token trees and not all handed out yet (:meth:`_tree_uniforms`)."""
+        self._uniforms_used = 0
+        self._uniforms_state: dict | None = None
+        """The generator's state before it drew ``_uniforms``."""
 
     def _successes(self, count: int) -> list[int]:
         """The next ``count`` values of G (successes before the first failure) of the stream.
@@ -169,6 +184,8 @@ class ConstantAcceptance(AcceptanceModel):
         model is the only user of its generator."""
         end = self._used + count
         if end > len(self._buffer):
+            if self._uniforms:
+                self._put_back()
             rest = self._buffer[self._used:]
             more = max(self.BLOCK, count - len(rest))
             self._buffer = rest + (self._rng.geometric(1.0 - self.rate, size=more) - 1).tolist()
@@ -177,13 +194,44 @@ class ConstantAcceptance(AcceptanceModel):
         self._used = end
         return out
 
+    def _tree_uniforms(self, count: int) -> list[float]:
+        """:meth:`AcceptanceModel._tree_uniforms`, drawn :attr:`BLOCK` at a time (speed shortcut, switched by
+        :data:`TREE_UNIFORMS`) while the generator has drawn no geometric block (a model draws either chains or trees
+        in a run): ``Generator.random`` draws element by element, so they are the values of draws of ``count`` at a
+        time, bit for bit; a geometric block drawn afterwards first puts back the uniforms not handed out
+        (:meth:`_put_back`), so the stream is that of draws of each size in any order (``tests/test_fast_paths.py``)."""
+        if not TREE_UNIFORMS or self._buffer:
+            return self._rng.random(count).tolist()
+        end = self._uniforms_used + count
+        if end <= len(self._uniforms):
+            out = self._uniforms[self._uniforms_used:end]
+            self._uniforms_used = end
+            return out
+        rest = self._uniforms[self._uniforms_used:]
+        self._uniforms_state = self._rng.bit_generator.state
+        self._uniforms = self._rng.random(max(self.BLOCK, count - len(rest))).tolist()
+        self._uniforms_used = count - len(rest)
+        return rest + self._uniforms[:self._uniforms_used]
+
+    def _put_back(self) -> None:
+        """Drop the uniforms drawn ahead and not handed out, the generator set where drawing only those handed out
+        would have left it (its state before their block, then as many draws as were handed out of it)."""
+        if self._uniforms_used < len(self._uniforms):
+            self._rng.bit_generator.state = self._uniforms_state
+            self._rng.random(self._uniforms_used)
+        self._uniforms, self._uniforms_used = [], 0
+
     def draw(self, request_ids: np.ndarray, proposed: np.ndarray) -> np.ndarray:
         return self.draw_steps(request_ids, proposed, 1)[0]
 
     def draw_list(self, request_ids: list[int], proposed: list[int]) -> list[int]:
         if self.rate == 1.0:
             return list(proposed)
-        drawn = self._successes(len(proposed))
+        used, end = self._used, self._used + len(proposed)
+        if end <= len(self._buffer):  # _successes, written out where the block has enough left
+            drawn, self._used = self._buffer[used:end], end
+        else:
+            drawn = self._successes(len(proposed))
         if UNIFORM_DRAWS and proposed and proposed.count(k := proposed[0]) == len(proposed):  # (speed shortcut)
             return [g if g < k else k for g in drawn]
         return [g if g < k else k for g, k in zip(drawn, proposed)]

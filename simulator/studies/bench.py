@@ -20,6 +20,13 @@ which flatters its speed), against one replica at the same per-replica rate serv
 its own processes; it prints requests per wall-second (the whole process, and the
 simulation alone), their ratio (fleet / one replica), the same per CPU-second of the simulation (steadier where other
 jobs share the machine) and each process's peak memory.
+
+``--fleet-trace NAME|FILE`` (issue 30) replays a request trace instead (``mooncake``: Mooncake's conversation trace, its
+12,031 requests, or the first ``--fleet-requests``) at ``--fleet-rate`` requests/s per replica on ``--fleet N``
+replicas (default 1) for each policy of ``--policies``, each in its own process, and prints each fleet's wall seconds
+(the whole process, the simulation alone) and the simulation's CPU seconds against the first policy's, e.g. a goodput
+fleet at light load against no-spec's: ``bench --fleet 8 --fleet-trace mooncake --fleet-rate 0.1 --policies
+no-spec,goodput``.
 """
 from __future__ import annotations
 
@@ -31,7 +38,8 @@ import sys
 import time
 from pathlib import Path
 
-from simulator.inputs import AZURE_CONV
+from policies.errors import UserError
+from simulator.inputs import AZURE_CONV, MOONCAKE
 
 
 
@@ -69,10 +77,20 @@ def _case_config(size: int, policy: str, profile: Path = BENCH_PROFILE) -> dict:
 SINGLE_REQUESTS = 50_000
 
 
-def _fleet_case(requests: int, policy: str, replicas: int, rate: float, profile: Path = BENCH_PROFILE) -> dict:
-    """The case ``policy`` for ``replicas`` replicas behind the least-outstanding router, ``rate`` requests/s each."""
+#: The request traces ``--fleet-trace`` names (else a trace file): Mooncake's conversation trace (with ``hash_ids``).
+FLEET_TRACES = {"mooncake": MOONCAKE}
+
+
+def _fleet_case(requests: int | None, policy: str, replicas: int, rate: float, profile: Path = BENCH_PROFILE,
+                trace: Path | None = None) -> dict:
+    """The case ``policy`` for ``replicas`` replicas behind the least-outstanding router, ``rate`` requests/s each:
+    Poisson arrivals with the Azure conversation lengths, or the first ``requests`` (None: all) of ``trace`` replayed at
+    that mean rate."""
     config = _case_config(requests, policy, profile)
     config["rate"] = rate * replicas
+    if trace is not None:
+        del config["length_dist"], config["length_file"]
+        config.update(arrival="trace", trace=str(trace))
     if replicas > 1:
         config.update(replicas=replicas, router="least-outstanding")
     return config
@@ -105,6 +123,23 @@ def fleet_table(replicas: int, requests: int, rate: float, policies: list[str], 
     return lines
 
 
+def fleet_trace_table(replicas: int, requests: int | None, rate: float, policies: list[str], profile: Path,
+                      trace: Path) -> list[str]:
+    """The ``--fleet-trace`` comparison's lines: per policy, ``replicas`` replicas serving the first ``requests`` (None:
+    all) of ``trace`` at ``rate`` requests/s per replica, each in its own process: its wall seconds (the whole process,
+    the simulation alone) and CPU seconds of the simulation, each against the first policy's (ratio: this / first)."""
+    lines = [f"{'policy':>10} {'replicas':>8} {'requests':>9} {'steps':>10} {'process s':>10} {'ratio':>6} "
+             f"{'sim s':>8} {'ratio':>6} {'sim CPU s':>10} {'ratio':>6} {'peak MB':>8}"]
+    base = None
+    for policy in policies:
+        wall, fig = _run_child(_fleet_case(requests, policy, replicas, rate, profile, trace))
+        base = (wall, fig["sim_wall"], fig["sim_cpu"]) if base is None else base
+        lines.append(f"{policy:>10} {replicas:>8} {fig['requests']:>9} {fig['steps']:>10} {wall:>10.2f} "
+                     f"{wall / base[0]:>5.2f}x {fig['sim_wall']:>8.2f} {fig['sim_wall'] / base[1]:>5.2f}x "
+                     f"{fig['sim_cpu']:>10.2f} {fig['sim_cpu'] / base[2]:>5.2f}x {fig['peak_mb']:>8.0f}")
+    return lines
+
+
 def _child(config_json: str) -> None:
     """Run one simulation in this process and print its figures as JSON."""
     from simulator.config import SimConfig
@@ -113,7 +148,8 @@ def _child(config_json: str) -> None:
     cpu = time.process_time()
     result = run_config(SimConfig.from_dict(json.loads(config_json)))
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"steps": result.summary["steps"], "sim_wall": result.summary["wall_seconds"],
+    print(json.dumps({"steps": result.summary["steps"], "requests": len(result.requests),
+                      "sim_wall": result.summary["wall_seconds"],
                       "sim_cpu": time.process_time() - cpu, "peak_mb": peak_mb,
                       "mean_latency": result.summary["mean_latency"]}))
 
@@ -153,20 +189,34 @@ def main(argv: list[str]) -> int:
                         help="cost profile of every case (default: the shipped analytical A100 7B profile)")
     parser.add_argument("--fleet", type=int, default=0, metavar="N",
                         help="compare N replicas behind the least-outstanding router with one replica (0: no fleet)")
-    parser.add_argument("--fleet-requests", type=int, default=1_000_000,
-                        help="requests the fleet serves (one replica serves this / N); default 1,000,000")
+    parser.add_argument("--fleet-requests", type=int, default=None,
+                        help="requests the fleet serves (one replica serves this / N); default 1,000,000, or all of "
+                             "--fleet-trace")
     parser.add_argument("--fleet-rate", type=float, default=3.0,
                         help="arrival rate per replica, requests/s (default 3)")
+    parser.add_argument("--fleet-trace", metavar="NAME|FILE",
+                        help="replay this request trace (a name: " + ", ".join(FLEET_TRACES) + "; or a trace file) at "
+                             "--fleet-rate per replica and compare the policies' fleets with the first's")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         _child(args.child)
         return 0
+    if args.fleet_trace is not None:
+        trace = FLEET_TRACES.get(args.fleet_trace, Path(args.fleet_trace))
+        if not trace.is_file():
+            raise UserError(f"--fleet-trace: {args.fleet_trace!r} is neither a trace name ({', '.join(FLEET_TRACES)}) "
+                            "nor a file")
+        print(f"fleet: {max(args.fleet, 1)} replicas, least-outstanding, {trace.name} replayed at {args.fleet_rate:g} "
+              f"req/s per replica, {args.profile}")
+        print("\n".join(fleet_trace_table(max(args.fleet, 1), args.fleet_requests, args.fleet_rate,
+                                          args.policies.split(","), args.profile, trace)))
+        return 0
     if args.fleet > 0:
         print(f"fleet: {args.fleet} replicas, least-outstanding, Poisson {args.fleet_rate:g} req/s per replica, "
               f"Azure conv trace lengths, {args.profile}")
-        print("\n".join(fleet_table(args.fleet, args.fleet_requests, args.fleet_rate, args.policies.split(","),
-                                    args.profile)))
+        print("\n".join(fleet_table(args.fleet, args.fleet_requests or 1_000_000, args.fleet_rate,
+                                    args.policies.split(","), args.profile)))
         return 0
     print(f"Poisson 4 req/s, Azure conv trace lengths, {args.profile}, k=4 for fixed-k")
     print(f"{'requests':>9} {'policy':>16} {'steps':>9} {'process s':>10} {'req/s':>9} {'sim-only req/s':>15} "
