@@ -44,9 +44,10 @@ def test_the_fleet_table_gives_one_replica_then_the_fleet_for_each_policy():
 
 def test_a_fleet_trace_case_replays_the_trace_at_n_times_the_rate():
     config = SimConfig.from_dict(_fleet_case(None, "goodput", 8, 0.1, trace=MOONCAKE))
-    assert (config.arrival, config.trace, config.rate, config.replicas, config.num_requests) == (
+    workload = config.workload
+    assert (workload.arrival, workload.trace, workload.rate, config.fleet.replicas, workload.num_requests) == (
         "trace", str(MOONCAKE), 0.8, 8, None)
-    assert config.length_dist == "fixed"  # the trace's lengths
+    assert workload.length_dist == "fixed"  # the trace's lengths
 
 
 def test_the_fleet_trace_table_sets_each_policys_fleet_against_the_first():
