@@ -1,5 +1,5 @@
-"""Shared fixtures: hand-written cost models, a user policy file, the tiny model pair, and the location of the
-shipped traces."""
+"""Shared fixtures: hand-written cost models, a user policy file, the tiny model pair, one torch thread per module,
+and the location of the shipped traces."""
 from __future__ import annotations
 
 import json
@@ -53,6 +53,17 @@ def every_other_policy(tmp_path) -> Path:
         "    def propose(self, view):\n"
         "        return np.where(view.request_ids % 2 == 0, self.k, 0)\n")
     return path
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests, as the tiny pair's fixture sets (threads fight over a shared machine's
+    cores); the count before is restored after the module."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
