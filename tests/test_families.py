@@ -144,6 +144,17 @@ def test_a_greedy_decode_over_the_cache_is_the_models_full_recompute(models, mod
     torch.testing.assert_close(forward.decode_pass(model, cache, tokens[:, -3:]), again)
 
 
+def test_the_engine_profiles_batches_of_a_sliding_window_family_keep_every_token(models):
+    """The engine profile's random running batch (its eager cache: a padded rectangle) of Gemma-2 holds each row's
+    tokens in every layer, past the 8-token window: the engine's rollback and compaction work by slot."""
+    from profiles.engine_profile import random_batch
+
+    batch = random_batch(models["gemma2"], 3, 40, torch.Generator().manual_seed(0), spread=0.5)
+    assert batch.lengths() == [20, 40, 60]
+    assert batch.extend([[1], [2], [3]], all_logits=False).shape == (3, 500) and batch.lengths() == [21, 41, 61]
+    assert {layer.keys.shape[2] for layer in batch.batch.cache.layers} == {61}
+
+
 # -- the optimized path --------------------------------------------------------------------------------
 @pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_the_optimized_path_computes_the_eager_logits(models, model_type):

@@ -42,7 +42,8 @@ engines. K defaults to the tree's nodes (the k-node subtree of highest expected 
 
 ``--pair tiny`` runs random tiny models on random prompts (for tests); it needs ``--profile`` and
 ``--acceptance-trace`` made for that pair. ``--profile-now`` measures the engine profile first, in the same run
-(:func:`profile_now`); ``--preset cpu`` is the CPU validation of the shipped results (:data:`PRESETS`).
+(:func:`profile_now`); ``--preset cpu`` is the CPU validation of the shipped results, ``--preset moe-cpu`` the
+mixture-of-experts twin's against its shipped profile (:data:`PRESETS`).
 
 **Timing twin** (``--twin RATE``): both engines take their accept/reject decisions from the constant
 acceptance model of per-token rate RATE (:class:`simulator.inputs.acceptance.ConstantAcceptance`) instead of the
@@ -230,7 +231,8 @@ def parse_policies(text: str) -> tuple[str, ...]:
 #: ``cpu-22m.json`` its 2-layer draft), profiled in the same run. On a CPU a pass's cost grows with its tokens less
 #: than in proportion (a one-token pass is weight-read-bound, a batch of 8 x 4 tokens uses the cores better):
 #: speculation at acceptance 0.6 loses to no speculation for lone requests and pays once batches fill; the rates
-#: cover both.
+#: cover both. ``moe-cpu``: the mixture-of-experts twin (:data:`profiles.models.pairs.RANDOM_PAIRS`) against its shipped
+#: engine profile (:data:`MOE_PROFILE`), about 4 minutes on 2 cores.
 PRESETS = {"cpu": dict(pair="cpu-330m+cpu-22m", twin=0.6, prompt_len=32, output_len=24, num_requests=24,
                        rates=(0.3, 0.8, 2.0), policies=("no-spec", "fixed-k:3", "goodput"), k=4, max_num_seqs=8,
                        sim_seeds=5, profile_now=True),
