@@ -314,13 +314,14 @@ def slot_pass(model: PreTrainedModel, cache: SlotCache, lo: int | torch.Tensor, 
     states = inner.embed_tokens(ids) if embeds is None else embeds            # (B, q, hidden)
     cos, sin = inner.rotary_emb(states, rotary)                               # (B, q, head_dim) each
     cos, sin = cos[:, :, None], sin[:, :, None]                               # (B, q, 1, head_dim)
-    causal = torch.ones(q, q, dtype=torch.bool, device=ids.device).tril()     # (q, q) a fresh pass's mask
     masks = {}
-    if fresh:
+    fast_prefill = fresh and steps.softcap is None  # a causal flag, no mask: but where the window is shorter
+    if fresh and not (fast_prefill and (cache.window is None or q <= cache.window)):
+        causal = torch.ones(q, q, dtype=torch.bool, device=ids.device).tril()  # (q, q)
         masks[False] = causal
         if cache.window is not None:
             masks[True] = causal & (index[:, None] - index < cache.window)
-    else:
+    elif not fresh:
         # mask[b, i, w]: query i of row b sees cache position w (its own past and itself, or what the tree says)
         masks[False] = torch.arange(width, device=ids.device) <= positions[..., None] if tree is None \
             else tree.visible                                                  # (B, q, W)
@@ -329,7 +330,6 @@ def slot_pass(model: PreTrainedModel, cache: SlotCache, lo: int | torch.Tensor, 
         write_at = positions[:, None, :, None].expand(batch, kv_heads, q, head_dim)
     # every mask as the stacked queries take it: (B or 1, 1, G*q, keys), each query row repeated for the G heads
     masks = {k: m.reshape(-1, q, m.shape[-1])[:, None].repeat(1, 1, group, 1) for k, m in masks.items()}
-    fast_prefill = fresh and steps.softcap is None
     for layer_index, (layer, weights) in enumerate(zip(inner.layers, steps.layers)):
         attn = layer.self_attn
         span = cache.spans[layer_index]
@@ -344,7 +344,6 @@ def slot_pass(model: PreTrainedModel, cache: SlotCache, lo: int | torch.Tensor, 
         ks = qk[:, :, heads:].transpose(1, 2)                                 # (B, KVH, q, D)
         vs = qkv[:, :, heads + kv_heads:].transpose(1, 2)                     # (B, KVH, q, D)
         keys, values = cache.keys[layer_index], cache.values[layer_index]
-        stacked = qs.reshape(batch, kv_heads, group * q, head_dim)            # (B, KVH, G*q, D)
         if fresh:
             kept = min(q, span)  # a ring keeps a prompt's last positions, each at its position mod the ring
             new_k, new_v = (torch.roll(t[:, :, q - kept:], (q - kept) % span, dims=2) for t in (ks, vs))
@@ -358,6 +357,7 @@ def slot_pass(model: PreTrainedModel, cache: SlotCache, lo: int | torch.Tensor, 
                 ks, vs = (t.repeat_interleave(group, dim=1) for t in (ks, vs))  # (B, H, q, D)
                 out = _attend(qs, ks, vs, None, steps.scaling, None, causal=True)   # (B, H, q, D)
             else:
+                stacked = qs.reshape(batch, kv_heads, group * q, head_dim)    # (B, KVH, G*q, D)
                 out = _attend(stacked, ks, vs, masks[weights.sliding], steps.scaling, steps.softcap)
         else:
             keys, values = keys[lo:lo + batch], values[lo:lo + batch]
@@ -365,6 +365,7 @@ def slot_pass(model: PreTrainedModel, cache: SlotCache, lo: int | torch.Tensor, 
             keys.scatter_(2, at, ks)
             values.scatter_(2, at, vs)
             read = min(width, span)
+            stacked = qs.reshape(batch, kv_heads, group * q, head_dim)        # (B, KVH, G*q, D)
             out = _attend(stacked, keys[:, :, :read], values[:, :, :read], masks[weights.sliding], steps.scaling,
                           steps.softcap)                                      # (B, KVH, G*q, D)
         out = out.reshape(batch, heads, q, head_dim).transpose(1, 2).reshape(batch, q, heads * head_dim)
