@@ -123,7 +123,7 @@ def random_batch(model: Any, batch_size: int, context_len: int, generator: torch
         batch.fill_random(lengths.tolist(), generator)
         return batch
     width = int(lengths.max())
-    cache = forward.random_cache(model, batch_size, width, generator)
+    cache = forward.random_cache(model, batch_size, width, generator, whole=True)
     valid = torch.arange(width, device=model.device) >= torch.as_tensor(width - lengths, device=model.device)[:, None]
     return PaddedBatch(model, forward.BatchCache(cache, valid))
 

@@ -21,10 +21,16 @@ free memory, or that runs out of memory anyway, is reported in one line and skip
 the output CSV as they are measured, so an interrupted run resumes where it stopped; at the end the CSV
 and its metadata are rewritten atomically.
 
+Model families: every family :mod:`profiles.models.families` lists (Llama, Qwen2, Qwen3, Gemma-2, Mixtral, Qwen3-MoE),
+built by transformers with random weights, on both forward paths; a large config is measured cut to fewer layers
+(``scale_layers``, below) or reduced to fewer experts and smaller widths first
+(:func:`profiles.models.families.reduce`, ``python -m profiles.models.families``).
+
 Draft heads: with ``draft`` a head's config (EAGLE, EAGLE-3, MTP; :mod:`profiles.models.config`), the draft rows are
 the head's passes over the target's hidden states (:mod:`profiles.models.draft_head`, random weights, eager forward
 only): decode, its layer over ``context_len`` cached tokens of its own (one layer's KV); prefill, its layer over the
-prompt (what an engine runs after the target's prefill). The metadata's ``draft`` says which head it is.
+prompt (what an engine runs after the target's prefill). The metadata's ``draft`` says which head it is. A head is
+built on a target of a family with a Llama-shaped layer only (:attr:`profiles.models.families.Family.head_target`).
 
 Layer scaling (a target too large for the device): with ``scale_layers = (n1, n2)`` the target is
 measured cut to ``n1`` and ``n2`` layers and each point extrapolated linearly in the layer count,
@@ -50,10 +56,9 @@ import numpy as np
 import pandas as pd
 
 from profiles.analytical import DTYPE_BYTES, GIB, Architecture
-from profiles.architectures.gqa import GQA
-from profiles.architectures.mlp import GatedMLP
 from profiles.grid import Grid, Group, Point
-from profiles.models.config import resolve_model_config
+from profiles.models.config import read_model_config, resolve_model_config
+from profiles.models.families import MODEL_TYPES, family
 from policies.errors import UserError
 from simulator.costs.profile_table import meta_path, read_json, write_atomic, write_profile
 
@@ -150,7 +155,9 @@ def pass_memory_bytes(arch: Architecture, dtype_bytes: int, point: Point) -> flo
     b, q, ctx = point.batch_size, point.query_len, point.context_len
     tokens = b * (ctx + q)
     kv = tokens * arch.kv_bytes_per_token(dtype_bytes) * (1 + 1 / arch.num_layers)
-    width = 4 * arch.hidden + 3 * arch.intermediate + (arch.heads + 2 * arch.kv_heads) * arch.head_dim
+    ffn = arch.layers[0].ffn  # a dense layer's width, or the experts a token is routed to and the shared ones
+    intermediate = getattr(ffn, "intermediate", None) or ffn.top_k * ffn.expert_intermediate + ffn.shared_intermediate
+    width = 4 * arch.hidden + 3 * intermediate + (arch.heads + 2 * arch.kv_heads) * arch.head_dim
     activations = b * q * width * dtype_bytes + b * arch.heads * q * (ctx + q) * dtype_bytes
     logits = b * (1 if point.phase == "prefill" else q) * arch.lm_vocab * dtype_bytes
     return 1.2 * (kv + activations + logits) + 64 * 2 ** 20
@@ -304,7 +311,12 @@ def run_profile(settings: ProfileSettings, log: Callable[[str], None] | None = N
 
     device = forward.setup_device(settings.device, settings.threads)
     variants = _variants(settings, full, forward, device)
-    loaded_weights = sum(v.arch.weight_bytes(dtype_bytes) for vs in variants.values() for v in vs)
+    loaded_weights = sum(v.arch.weight_bytes(dtype_bytes) if v.arch.head else
+                         dtype_bytes * sum(p.numel() for p in v.model.parameters())
+                         for vs in variants.values() for v in vs)
+    params = {role: arch.params if arch.head else
+              forward.parameter_count(forward.load_config(getattr(settings, role), f"--{role}", arch.num_layers))
+              for role, arch in full.items()}
     generator = torch.Generator(device=device).manual_seed(settings.seed)
     meta = {
         "method": "measured",
@@ -319,7 +331,7 @@ def run_profile(settings: ProfileSettings, log: Callable[[str], None] | None = N
         "transformers_version": transformers.__version__,
         "python_version": platform.python_version(),
         "settings": settings.identity(),
-        **_model_meta(settings, full, forward.total_memory_bytes(device)),
+        **_model_meta(settings, full, params, forward.total_memory_bytes(device)),
     }
     write_atomic(meta_path(out), json.dumps({**meta, "complete": False}, indent=2) + "\n")
 
@@ -389,20 +401,26 @@ def run_profile(settings: ProfileSettings, log: Callable[[str], None] | None = N
     return ProfileResult(frame, meta, str(out))
 
 
+def _architecture(spec: str, where: str, target: Architecture | None = None) -> tuple[Architecture, str | None]:
+    """The architecture of a model of a family the torch side builds (:mod:`profiles.models.families`; another model
+    type is one line naming them) or of a draft head, and its ``model_type`` (None for a head)."""
+    _, data = read_model_config(spec, where, head_ok=True, model_types=MODEL_TYPES)
+    return Architecture.from_config(spec, where, target), data.get("model_type")
+
+
 def _architectures(settings: ProfileSettings) -> dict[str, Architecture]:
     """Each role's architecture at the depth its rows describe (``num_layers`` if given, else the config's; a draft
     head keeps its own)."""
-    full = {"target": Architecture.from_config(settings.target, "--target")}
+    target, model_type = _architecture(settings.target, "--target")
+    full = {"target": target}
     if settings.draft:
-        full["draft"] = Architecture.from_config(settings.draft, "--draft", full["target"])
+        full["draft"] = _architecture(settings.draft, "--draft", target)[0]
         if full["draft"].head is not None and settings.forward != "eager":
             raise UserError(f"--forward {settings.forward}: a draft head ({full['draft'].head}) is timed on the eager "
                             "forward only; give --forward eager")
-    for role, arch in full.items():
-        if not all(isinstance(l.attention, GQA) and isinstance(l.ffn, GatedMLP) for l in arch.layers):
-            raise UserError(f"--{role} {arch.name}: the profiler's memory estimate (pass_memory_bytes) knows dense "
-                            f"grouped-query layers only, not {arch.model_type}'s latent attention or experts; price it "
-                            "with python -m profiles.analytical")
+        if full["draft"].head is not None and not family(model_type).head_target:
+            raise UserError(f"--draft: a draft head's layer is its target's family's layer; {model_type} targets "
+                            "(a MoE or Gemma-2 layer) take no head here")
     if settings.num_layers is not None:
         full = {r: a if a.head else a.with_layers(settings.num_layers) for r, a in full.items()}
     if settings.scale_layers is not None and settings.scale_layers[1] > full["target"].num_layers:
@@ -435,19 +453,22 @@ def _variants(settings: ProfileSettings, full: dict[str, Architecture], forward:
     return out
 
 
-def _model_meta(settings: ProfileSettings, full: dict[str, Architecture], device_bytes: int) -> dict[str, Any]:
+def _model_meta(settings: ProfileSettings, full: dict[str, Architecture], params: dict[str, int],
+                device_bytes: int) -> dict[str, Any]:
     """Metadata on the models: per role, the grid and timing policy, layer scaling and the memory figures
-    (weights = parameters x dtype bytes, KV bytes per token = 2 x layers x kv_heads x head_dim x dtype bytes)."""
+    (``params``: a head's own, :attr:`Architecture.params`; a model's as transformers builds it; weights = parameters
+    x dtype bytes, KV bytes per token = 2 x layers x kv_heads x head_dim x dtype bytes: Gemma-2's sliding layers
+    hold at most their window, so less)."""
     dtype_bytes = DTYPE_BYTES[settings.dtype]
     meta: dict[str, Any] = {"grid": settings.grid.as_dict(), "timing": asdict(settings.timing)}
     memory = {"device_memory_gb": device_bytes / GIB}
     for role, arch in full.items():
         spec = getattr(settings, role)
         meta[role] = {"config": spec, "config_file": str(resolve_model_config(spec, f"--{role}")),
-                      "num_layers": arch.num_layers, "params": arch.params,
+                      "num_layers": arch.num_layers, "params": params[role],
                       "weights": "random" if arch.head else str(_weights_dir(settings, role) or "random"),
                       **arch.draft_meta()}
-        memory[f"{role}_weight_gb"] = arch.weight_bytes(dtype_bytes) / GIB
+        memory[f"{role}_weight_gb"] = (arch.weight_bytes(dtype_bytes) if arch.head else params[role] * dtype_bytes) / GIB
         memory[f"{role}_kv_bytes_per_token"] = arch.kv_bytes_per_token(dtype_bytes)
     meta["memory"] = memory
     if settings.scale_layers is not None:
@@ -455,7 +476,7 @@ def _model_meta(settings: ProfileSettings, full: dict[str, Architecture], device
         meta["layer_scaling"] = {"role": "target", "layers": [n1, n2], "full_layers": full["target"].num_layers,
                                  "formula": "t(N) = t(n1) + (N - n1) (t(n2) - t(n1)) / (n2 - n1), at least t(n2)",
                                  "columns": {"seconds_n1": n1, "seconds_n2": n2},
-                                 "full_model_fits_device": full["target"].weight_bytes(dtype_bytes) < device_bytes,
+                                 "full_model_fits_device": params["target"] * dtype_bytes < device_bytes,
                                  "note": "every point is measured on the cut models; where the full model does not "
                                          "fit the device, its seconds are those of a device that could hold it"}
     return meta

@@ -1,8 +1,9 @@
-"""Shared fixtures: hand-written cost models, a user policy file, the tiny model pair, and the location of the
-shipped traces."""
+"""Shared fixtures: hand-written cost models, a user policy file, the tiny model pair, one torch thread per module,
+denormal floats kept between modules, and the location of the shipped traces."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,28 @@ def every_other_policy(tmp_path) -> Path:
         "    def propose(self, view):\n"
         "        return np.where(view.request_ids % 2 == 0, self.k, 0)\n")
     return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def denormals_kept():
+    """After each module, the CPU keeps denormal floats again: the profiler and the real engine flush them
+    (:func:`profiles.models.forward.setup_device`), a process-wide setting that would break a later module's exact
+    float checks (hypothesis refuses to run without subnormals)."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_flush_denormal(False)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests, as the tiny pair's fixture sets (threads fight over a shared machine's
+    cores); the count before is restored after the module."""
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -27,21 +27,12 @@ from profiles.serving.tree_sampler import walk_greedy, walk_sampled  # noqa: E40
 from simulator.inputs.acceptance import read_rank_table  # noqa: E402
 from simulator.inputs.workload import Workload  # noqa: E402
 
-pytestmark = pytest.mark.torch
+pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_thread")]
 #: Trees verified below: 7 nodes three ranks wide, a binary tree of depth 2, SGLang-like 5 nodes of depth 3.
 SHAPES = {"wide": TreeShape.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)]),
           "binary": TreeShape.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]),
           "deep": TreeShape.from_paths([(0,), (1,), (0, 0), (0, 0, 0), (1, 0)])}
 RANKS = ((0.6, 0.2, 0.1), (0.5, 0.2, 0.1))  # orders each family's nodes (the families verify every node here)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One torch thread, as the tiny pair's fixture sets (threads fight over a shared machine's cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def family(shape: TreeShape) -> TreeFamily:

@@ -219,6 +219,16 @@ def test_the_cpu_preset_is_a_valid_setting_and_flags_given_override_it(capsys, t
     assert "--preset: invalid choice: 'gpu'" in capsys.readouterr().err
 
 
+def test_the_moe_preset_validates_against_the_profile_shipped_for_its_pair():
+    """``--preset moe-cpu``: the mixture-of-experts twin against the engine profile measured for that pair; a random
+    pair without ``--twin`` is refused (its tokens mean nothing)."""
+    settings = ValidateSettings(**PRESETS["moe-cpu"])
+    assert (settings.pair, settings.twin, settings.profile_now) == ("moe-cpu", 0.7, False)
+    assert read_profile(settings.profile).meta["engine"]["pair"] == "moe-cpu"
+    with pytest.raises(UserError, match=r"^--pair moe-cpu: random-weight models need --twin RATE"):
+        ValidateSettings(**{**PRESETS["moe-cpu"], "twin": None})
+
+
 def test_the_decision_a_user_makes_is_read_off_the_latency_table():
     """Per rate, the policy of lowest mean latency on each side; speculation stops paying where no-spec wins."""
     rows = []

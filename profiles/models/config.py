@@ -83,10 +83,12 @@ def resolve_model_config(spec: str, where: str) -> Path:
     raise UserError(f"{where}: no model config file or shipped model named {spec!r} (shipped: {known})")
 
 
-def read_model_config(spec: str, where: str, head_ok: bool = False) -> tuple[Path, dict[str, Any]]:
+def read_model_config(spec: str, where: str, head_ok: bool = False,
+                      model_types: tuple[str, ...] = SUPPORTED_MODEL_TYPES) -> tuple[Path, dict[str, Any]]:
     """Resolve and parse an HF ``config.json``-style file; anything else is a one-line UserError. A draft head's config
     (``speculative_method`` set; ``model_type`` may be left out) only where ``head_ok``: elsewhere a whole model is
-    built from it."""
+    built from it. ``model_types``: the architectures the caller knows (the torch side builds more than the roofline
+    prices: :data:`profiles.models.families.MODEL_TYPES`)."""
     path = resolve_model_config(spec, where)
     try:
         data = json.loads(path.read_text())
@@ -107,7 +109,7 @@ def read_model_config(spec: str, where: str, head_ok: bool = False) -> tuple[Pat
             return path, data  # a head of its target's architecture
     if "model_type" not in data:
         raise UserError(f"{path}: not a model config: model_type missing")
-    if data["model_type"] not in SUPPORTED_MODEL_TYPES:
+    if data["model_type"] not in model_types:
         raise UserError(f"{path}: model_type is an unknown architecture (got {data['model_type']!r}); "
-                        f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+                        f"supported: {', '.join(model_types)}")
     return path, data

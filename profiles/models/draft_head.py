@@ -108,7 +108,8 @@ def build_head(arch: Architecture, target_config: PretrainedConfig, dtype: str, 
                seed: int = 0) -> DraftHead:
     """A :class:`DraftHead` of ``arch`` (a head's architecture) on the target of ``target_config`` (its model type,
     rotary and norm settings; cut to the head's layers and widths), random weights (seeded), in ``dtype`` on
-    ``device``, in eval mode."""
+    ``device``, in eval mode. Its decoder layer is a layer of the target's family (the profiler takes heads only on
+    targets whose family allows it, :attr:`profiles.models.families.Family.head_target`)."""
     config = target_config.__class__.from_dict({
         **target_config.to_dict(), "num_hidden_layers": arch.num_layers, "intermediate_size": arch.intermediate,
         "num_attention_heads": arch.heads, "num_key_value_heads": arch.kv_heads, "head_dim": arch.head_dim})

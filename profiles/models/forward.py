@@ -1,7 +1,8 @@
 """The forward passes that the profiler times and the real serving engine runs: one code path for both.
 
-A model is built from an HF ``config.json`` (random weights by default, ``AutoModelForCausalLM.from_config``,
-SDPA attention, eval mode) straight on its device. A pass is one of
+A model is built from an HF ``config.json`` of one of the families :mod:`profiles.models.families` lists (random
+weights by default, ``AutoModelForCausalLM.from_config``, the family's attention implementation, eval mode) straight
+on its device. A pass is one of
 
 - :func:`prefill_pass`: ``batch_size`` prompts of ``P`` tokens into a fresh KV cache, logits of the last
   token only (what a serving engine samples from);
@@ -12,15 +13,18 @@ SDPA attention, eval mode) straight on its device. A pass is one of
 :func:`random_cache` builds the ``L``-token cache directly as a ``transformers.DynamicCache`` of random
 (normal, not zero) keys and values, so a long context costs a tensor fill instead of a long prefill;
 attention reads the same bytes either way. Sequences are unpadded: positions run ``L .. L + q - 1`` and
-the attention mask is all ones.
+the attention mask is all ones. These passes use transformers' own cache for the config (:func:`new_cache`: Gemma-2's
+sliding layers keep only their window).
 
 The serving engine's batches of unequal sequences (:class:`BatchCache`) also run token trees: :func:`tree_pass`
 feeds a block whose slots attend where a 4-D mask says (tree attention) and returns hidden states, and
-:func:`keep_tokens` masks out every fed token but an accepted path.
+:func:`keep_tokens` masks out every fed token but an accepted path. Their cache keeps every token in every layer
+(padded rows are compacted and rolled back by slot, which a layer dropping tokens would break); a sliding-window
+layer's window is then applied by the mask (:func:`_attention_mask`), counted in each sequence's own tokens.
 
 Works with transformers 5.x: the cache keyword is ``cache`` from 5.2x on and ``past_key_values`` before
 (:func:`_cache_kwarg` asks the model's signature); ``DynamicCache.crop`` takes a negative count (tokens to
-drop) in every 5.x. Model configs are validated by :func:`profiles.analytical.read_model_config`.
+drop) in every 5.x. Model configs are read by :func:`profiles.models.families.read_family_config`.
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, PretrainedConfig, PreTrainedModel
 
-from profiles.models.config import read_model_config
+from profiles.models.families import family, read_family_config
 from policies.errors import UserError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -115,29 +119,65 @@ def _meminfo_bytes(field: str) -> int:
 # -- models --------------------------------------------------------------------------------------
 def load_config(spec: str, where: str, num_layers: int | None = None) -> PretrainedConfig:
     """The HF config of a shipped model name or a ``config.json`` path, optionally cut to ``num_layers``."""
-    _, data = read_model_config(spec, where)
+    path, data = read_family_config(spec, where)
+    return hf_config(data, str(path), num_layers)
+
+
+def hf_config(data: dict, where: str, num_layers: int | None = None) -> PretrainedConfig:
+    """The HF config of a parsed ``config.json`` of a family :mod:`profiles.models.families` lists (checked by
+    :func:`profiles.models.families.read_family_config`), optionally cut to ``num_layers``. A sliding window on
+    every layer (Mistral-style, no ``layer_types``) is refused: the engine's masks apply windows by layer type."""
     fields = {k: v for k, v in data.items() if k != "model_type"}
     if num_layers is not None:
         fields["num_hidden_layers"] = num_layers
     config = AutoConfig.for_model(data["model_type"], **fields)
-    layer_types = getattr(config, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):
-        raise UserError(f"{where}: sliding-window attention layers are not supported (got {sorted(set(layer_types))})")
+    if getattr(config, "sliding_window", None) is not None and sliding_window(config) is None:
+        raise UserError(f"{where}: sliding_window {config.sliding_window} without sliding layer_types (a window on "
+                        f"every layer of a {data['model_type']} model) is not supported")
     return config
 
 
 def build_model(config: PretrainedConfig, dtype: str, device: torch.device, seed: int = 0,
                 weights_dir: str | os.PathLike | None = None) -> PreTrainedModel:
-    """A model of ``config`` on ``device`` in ``dtype``, in eval mode: random weights (seeded), or the
-    weights saved in ``weights_dir`` (``from_pretrained``; the layer count of ``config`` is kept)."""
+    """A model of ``config`` on ``device`` in ``dtype``, in eval mode, with its family's attention implementation:
+    random weights (seeded), or the weights saved in ``weights_dir`` (``from_pretrained``; the layer count of
+    ``config`` is kept)."""
     torch.manual_seed(seed)
+    attention = family(config.model_type).attention
     if weights_dir is not None:
         model = AutoModelForCausalLM.from_pretrained(weights_dir, config=config, dtype=DTYPES[dtype],
-                                                     attn_implementation="sdpa").to(device)
+                                                     attn_implementation=attention).to(device)
     else:
         with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype], attn_implementation="sdpa")
+            model = AutoModelForCausalLM.from_config(config, dtype=DTYPES[dtype], attn_implementation=attention)
     return model.eval().requires_grad_(False)
+
+
+def parameter_count(config: PretrainedConfig) -> int:
+    """Parameters of a model of ``config`` as transformers builds it (counted on the meta device: no memory; a tied
+    embedding once)."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
+def logits(model: PreTrainedModel, states: torch.Tensor) -> torch.Tensor:
+    """The logits of final-normed hidden states ``states`` (``(..., hidden)``): the LM head, then the family's final
+    soft-capping, ``c tanh(x / c)`` (Gemma-2), as the model's own forward computes them."""
+    out = model.lm_head(states)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return out if cap is None else torch.tanh(out / cap) * cap
+
+
+def new_cache(model: PreTrainedModel, whole: bool = False) -> DynamicCache:
+    """An empty cache for ``model``: transformers' own for its config (a sliding-window layer keeps its last
+    ``sliding_window - 1`` tokens), its sliding layers recording their past until the next :func:`crop`, so that a
+    pass can be cropped off again; or, ``whole``, one that keeps every token in every layer (:class:`BatchCache`)."""
+    if whole:
+        return DynamicCache([(None, None)] * model.config.num_hidden_layers)
+    cache = DynamicCache(config=model.config)
+    cache.activate_past_recording()
+    return cache
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:
@@ -152,15 +192,17 @@ def _head_dim(config: PretrainedConfig) -> int:
 # -- passes --------------------------------------------------------------------------------------
 @torch.inference_mode()
 def random_cache(model: PreTrainedModel, batch_size: int, context_len: int,
-                 generator: torch.Generator) -> DynamicCache:
-    """A ``DynamicCache`` holding ``context_len`` tokens of standard-normal keys and values per sequence."""
+                 generator: torch.Generator, whole: bool = False) -> DynamicCache:
+    """A cache (:func:`new_cache`; ``whole``: every layer keeps every token) holding ``context_len`` tokens of
+    standard-normal keys and values per sequence."""
     config = model.config
-    cache = DynamicCache(config=config)
+    cache = new_cache(model, whole)
     shape = (batch_size, config.num_key_value_heads, context_len, _head_dim(config))
     for layer in range(config.num_hidden_layers):
         keys, values = (torch.randn(shape, generator=generator, dtype=model.dtype, device=model.device)
                         for _ in range(2))
         cache.update(keys, values, layer)
+    cache.crop(0)  # a sliding layer keeps its window
     return cache
 
 
@@ -192,7 +234,7 @@ def prefill_pass(model: PreTrainedModel, input_ids: torch.Tensor) -> tuple[torch
     """Run whole prompts ``input_ids`` (``batch x P``) into a new cache; the last position's logits and
     the cache."""
     batch_size, prompt_len = input_ids.shape
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model)
     positions = torch.arange(prompt_len, device=input_ids.device).expand(batch_size, -1)
     mask = torch.ones(batch_size, prompt_len, dtype=torch.long, device=input_ids.device)
     out = model(input_ids=input_ids, position_ids=positions, attention_mask=mask, use_cache=True,
@@ -231,8 +273,33 @@ class BatchCache:
 
 def empty_batch_cache(model: PreTrainedModel, batch_size: int) -> BatchCache:
     """A cache of ``batch_size`` sequences holding no tokens yet (for a prefill)."""
-    return BatchCache(DynamicCache(config=model.config),
-                      torch.zeros(batch_size, 0, dtype=torch.bool, device=model.device))
+    return BatchCache(new_cache(model, whole=True), torch.zeros(batch_size, 0, dtype=torch.bool, device=model.device))
+
+
+def sliding_window(config: PretrainedConfig) -> int | None:
+    """The window of the model's sliding-window layers (tokens: a query sees the keys of its last ``window``
+    positions, itself included), or None when every layer attends to the whole context."""
+    return config.sliding_window if "sliding_attention" in (getattr(config, "layer_types", None) or ()) else None
+
+
+def _attention_mask(model: PreTrainedModel, visible: torch.Tensor, key_positions: torch.Tensor,
+                    query_positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The ``attention_mask`` of a pass whose new slots see the slots ``visible`` says (bool ``(B, q, W)``; keys at
+    rotary positions ``key_positions`` ``(B, W)``, queries at ``query_positions`` ``(B, q)``): the 4-D mask; where the
+    model has sliding-window layers, one per layer type (``sliding_attention`` also hides keys ``window`` or more
+    positions before the query's, as transformers' sliding mask does, but counted in the sequence's own tokens, not
+    in slots), in the form the model's attention takes (eager attention adds it to the scores: 0 or the dtype's
+    lowest value)."""
+    masks = {"full_attention": visible}
+    window = sliding_window(model.config)
+    if window is not None:
+        masks["sliding_attention"] = visible & (key_positions[:, None, :] > query_positions[..., None] - window)
+    if model.config._attn_implementation == "eager":
+        lowest = torch.finfo(model.dtype).min
+        masks = {k: torch.zeros(m.shape, dtype=model.dtype, device=m.device).masked_fill_(~m, lowest)
+                 for k, m in masks.items()}
+    masks = {k: m[:, None] for k, m in masks.items()}
+    return masks if window is not None else masks["full_attention"]
 
 
 @torch.inference_mode()
@@ -252,7 +319,14 @@ def batch_pass(model: PreTrainedModel, batch: BatchCache, tokens: list[list[int]
     new_valid = block >= (q - lens)[:, None]
     positions = (batch.lengths()[:, None] - (q - lens)[:, None] + block).clamp(min=0)
     valid = torch.cat([batch.valid, new_valid], dim=1)
-    out = model(input_ids=ids, position_ids=positions, attention_mask=valid.long(), use_cache=True,
+    mask = valid.long()  # transformers makes it causal
+    if sliding_window(model.config) is not None or model.config._attn_implementation == "eager":
+        # the 4-D mask made here: causal over the valid slots, each new slot (padding too: no empty row) seeing itself
+        slots = torch.arange(batch.width + q, device=device)
+        itself = slots == batch.width + block[:, None]                                     # (q, W)
+        mask = _attention_mask(model, (valid[:, None, :] & (slots < batch.width + block[:, None])) | itself,
+                               valid.cumsum(dim=1) - 1, positions)
+    out = model(input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True,
                 logits_to_keep=logits_to_keep, **{_cache_kwarg(model): batch.cache})
     batch.valid = valid
     return out.logits
@@ -267,12 +341,13 @@ def tree_pass(model: PreTrainedModel, batch: BatchCache, ids: torch.Tensor, embe
     ``ids`` ``(batch_size, q)`` token ids, or ``embeds`` ``(batch_size, q, hidden)`` input embeddings instead (an
     EAGLE head's fused input); ``positions`` ``(batch_size, q)`` their rotary positions; ``visible``
     ``(batch_size, q, width + q)`` bool, which cached and new slots each new slot attends to (a token tree's
-    ancestors: tree attention, passed to SDPA as a 4-D mask); ``new_valid`` ``(batch_size, q)`` which new slots
-    hold tokens (the rest are padding, masked out of later passes). The caller applies the LM head to the
-    columns it needs (``model.lm_head``).
+    ancestors: tree attention, passed to the attention as a 4-D mask, :func:`_attention_mask`); ``new_valid``
+    ``(batch_size, q)`` which new slots hold tokens (the rest are padding, masked out of later passes). The caller
+    computes the logits of the columns it needs (:func:`logits`).
     """
     inputs = {"inputs_embeds": embeds} if embeds is not None else {"input_ids": ids}
-    out = model.model(**inputs, position_ids=positions, attention_mask=visible[:, None], use_cache=True,
+    mask = _attention_mask(model, visible, torch.cat([batch.valid.cumsum(dim=1) - 1, positions], dim=1), positions)
+    out = model.model(**inputs, position_ids=positions, attention_mask=mask, use_cache=True,
                       **{_cache_kwarg(model.model): batch.cache})
     batch.valid = torch.cat([batch.valid, new_valid], dim=1)
     return out.last_hidden_state
@@ -338,7 +413,7 @@ def _compacted(model: PreTrainedModel, parts: list[tuple[BatchCache, torch.Tenso
         # One row gather per tensor: row (b, h, w) of the result is row (source[b], h, order[b, w]) of the part.
         rows_index = (source[:, None, None] * heads + torch.arange(heads, device=valid.device)[:, None]) * slots
         plans.append((part, (rows_index + order[:, None, :]).reshape(-1), (len(source), heads, width)))
-    cache = DynamicCache(config=model.config)
+    cache = new_cache(model, whole=True)
     for layer, held in enumerate(cache.layers):
         gathered = []
         for name in ("keys", "values"):

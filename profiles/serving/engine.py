@@ -87,6 +87,7 @@ from transformers import PreTrainedModel
 from policies.base import BatchView, Policy, StepOutcome
 from policies.tree import TreeFamily, TreeShape
 from policies.protocol import admit_fcfs, checked_proposal, is_speculative, lookahead
+from profiles.models import forward
 from profiles.models.eagle_head import EagleHead
 from profiles.models.optimized import FORWARDS
 from profiles.serving.kv import KVBatch, make_kv_batch
@@ -313,7 +314,7 @@ class StepRunner:
         at its root and path nodes ``(1 + len(path), hidden)`` (a head's next inputs)."""
         held = kv.lengths()
         states = kv.extend_tree(verification_block(roots, trees, held))      # (B, q, hidden)
-        logits = self.target.lm_head(states)                                  # (B, q, vocab)
+        logits = forward.logits(self.target, states)                          # (B, q, vocab)
         paths, tokens = [], []
         if decided is not None or self.temperature == 0:
             argmax = logits.argmax(dim=-1).tolist()

@@ -300,11 +300,8 @@ class SlotBatch:
     def keep(self, prefix: Sequence[int], kept: Sequence[Sequence[int]]) -> None:
         moves = [(i, t, p + m) for i, (p, tokens) in enumerate(zip(prefix, kept)) for m, t in enumerate(tokens)
                  if t != p + m]
-        if moves:  # one gather, then one scatter per tensor (the sources are read before any is overwritten)
-            rows, src, dst = (torch.tensor(c, device=self.model.device) for c in zip(*moves))
-            with torch.inference_mode():
-                for tensor in self.cache.keys + self.cache.values:
-                    tensor[rows, :, dst] = tensor[rows, :, src]
+        if moves:
+            self.cache.move_tokens(*(torch.tensor(c, device=self.model.device) for c in zip(*moves)))
         self.truncate([p + len(tokens) for p, tokens in zip(prefix, kept)])
 
     def truncate(self, lengths: Sequence[int]) -> None:

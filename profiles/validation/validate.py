@@ -42,7 +42,8 @@ engines. K defaults to the tree's nodes (the k-node subtree of highest expected 
 
 ``--pair tiny`` runs random tiny models on random prompts (for tests); it needs ``--profile`` and
 ``--acceptance-trace`` made for that pair. ``--profile-now`` measures the engine profile first, in the same run
-(:func:`profile_now`); ``--preset cpu`` is the CPU validation of the shipped results (:data:`PRESETS`).
+(:func:`profile_now`); ``--preset cpu`` is the CPU validation of the shipped results, ``--preset moe-cpu`` the
+mixture-of-experts twin's against its shipped profile (:data:`PRESETS`).
 
 **Timing twin** (``--twin RATE``): both engines take their accept/reject decisions from the constant
 acceptance model of per-token rate RATE (:class:`simulator.inputs.acceptance.ConstantAcceptance`) instead of the
@@ -78,6 +79,8 @@ HERE = Path(__file__).resolve().parents[1]  # profiles/
 VALIDATION_PROFILE = HERE / "data" / "cpu__smollm2-135m__smollm2-draft.csv"
 VALIDATION_TRACE = HERE / "data" / "acceptance__smollm2.csv"
 VALIDATION_BY_RANK = HERE / "data" / "acceptance_by_rank__smollm2.csv"
+#: The engine profile of the mixture-of-experts CPU twin (``--pair moe-cpu``; ``--preset moe-cpu``).
+MOE_PROFILE = HERE / "data" / "cpu__qwen3-30b-a3b-cpu__qwen3-0.6b-cpu.csv"
 #: The token tree of ``@tree`` policies by default: 4 nodes (the CPU engine profile's verification covers k + 1 <= 5
 #: tokens per sequence): the draft's best two tokens, the best continuation of the first, and of that.
 DEFAULT_TREE = "[(0,), (1,), (0, 0), (0, 0, 0)]"
@@ -134,7 +137,7 @@ class ValidateSettings:
     def __post_init__(self) -> None:
         if self.pair not in PAIRS and "+" not in self.pair:
             raise UserError(f"--pair: must be one of {', '.join(PAIRS)} or TARGET+DRAFT (got {self.pair!r})")
-        if "+" in self.pair and self.twin is None:
+        if self.pair not in ("smollm2", "tiny") and self.twin is None:  # tiny replays a trace made for it (tests)
             raise UserError(f"--pair {self.pair}: random-weight models need --twin RATE (their tokens mean nothing)")
         if self.twin is not None and not 0 <= self.twin <= 1:
             raise UserError(f"--twin: the acceptance rate must be in [0, 1] (got {self.twin})")
@@ -228,10 +231,14 @@ def parse_policies(text: str) -> tuple[str, ...]:
 #: ``cpu-22m.json`` its 2-layer draft), profiled in the same run. On a CPU a pass's cost grows with its tokens less
 #: than in proportion (a one-token pass is weight-read-bound, a batch of 8 x 4 tokens uses the cores better):
 #: speculation at acceptance 0.6 loses to no speculation for lone requests and pays once batches fill; the rates
-#: cover both.
+#: cover both. ``moe-cpu``: the mixture-of-experts twin (:data:`profiles.models.pairs.RANDOM_PAIRS`) against its shipped
+#: engine profile (:data:`MOE_PROFILE`), about 4 minutes on 2 cores.
 PRESETS = {"cpu": dict(pair="cpu-330m+cpu-22m", twin=0.6, prompt_len=32, output_len=24, num_requests=24,
                        rates=(0.3, 0.8, 2.0), policies=("no-spec", "fixed-k:3", "goodput"), k=4, max_num_seqs=8,
-                       sim_seeds=5, profile_now=True)}
+                       sim_seeds=5, profile_now=True),
+           "moe-cpu": dict(pair="moe-cpu", twin=0.7, prompt_len=32, output_len=24, num_requests=16,
+                           rates=(0.5, 2.0), policies=("no-spec", "fixed-k:3", "goodput"), k=4, max_num_seqs=8,
+                           sim_seeds=5, profile=str(MOE_PROFILE))}
 
 
 def profile_now(pair: ModelPair, settings: ValidateSettings, out: Path) -> str:
@@ -791,7 +798,8 @@ def build_parser() -> FlagParser:
                         "against it (--profile is then unused)")
     p.add_argument("--preset", choices=sorted(PRESETS),
                    help="named defaults for every flag not given; cpu: the CPU timing-twin validation "
-                        f"({', '.join(f'{k}={v}' for k, v in PRESETS['cpu'].items())})")
+                        f"({', '.join(f'{k}={v}' for k, v in PRESETS['cpu'].items())}); moe-cpu: the mixture-of-experts "
+                        "CPU twin against its shipped engine profile")
     p.add_argument("--out", default="results/validate", help="output folder")
     return p
 
