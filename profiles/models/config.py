@@ -110,6 +110,9 @@ def read_model_config(spec: str, where: str, head_ok: bool = False,
     if "model_type" not in data:
         raise UserError(f"{path}: not a model config: model_type missing")
     if data["model_type"] not in model_types:
+        if data["model_type"] in SUPPORTED_MODEL_TYPES:  # the caller builds fewer than the roofline prices
+            raise UserError(f"{where}: {path}: model_type {data['model_type']!r} is priced by the roofline (python -m "
+                            f"profiles.analytical) but not built here; built here: {', '.join(model_types)}")
         raise UserError(f"{path}: model_type is an unknown architecture (got {data['model_type']!r}); "
                         f"supported: {', '.join(model_types)}")
     return path, data
