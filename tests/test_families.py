@@ -97,8 +97,9 @@ def test_other_model_types_are_refused_in_one_line():
     for spec, model_type in [("deepseek-v3", "deepseek_v3"), ("gpt-oss-20b", "gpt_oss")]:
         with pytest.raises(UserError) as err:
             forward.load_config(spec, "--target")
-        assert str(err.value) == (f"{MODELS_DIR / spec}.json: model_type is an unknown architecture (got "
-                                  f"{model_type!r}); supported: {', '.join(MODEL_TYPES)}")
+        assert str(err.value) == (f"--target: {MODELS_DIR / spec}.json: model_type {model_type!r} is priced by the "
+                                  f"roofline (python -m profiles.analytical) but not built here; built here: "
+                                  f"{', '.join(MODEL_TYPES)}")
     with pytest.raises(UserError, match=r"^mixtral: sliding_window 4096 without sliding layer_types \(a window on "
                                         r"every layer of a mixtral model\) is not supported$"):
         forward.hf_config({**small_config("mixtral"), "sliding_window": 4096}, "mixtral")
