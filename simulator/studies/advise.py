@@ -437,8 +437,7 @@ def ramp_check(study: Study, table: Candidate, capacity: float, requests: int, o
     drafter = table.drafter
     assert drafter is not None
     trace = out / "diurnal_trace.csv"
-    if not trace.is_file():
-        write_ramp(study.base, capacity, requests, trace)
+    write_ramp(study.base, capacity, requests, trace)
     cands = [table, Candidate("no-spec", "no-spec")] + [
         Candidate(f"fixed-k:{k}", "fixed-k", drafter, (("policy", "fixed-k"), ("k", k))) for k in DEFAULT_KS]
     ramp = {"arrival": "trace", "trace": str(trace), "rate": None, "num_requests": None, "max_concurrency": None,
@@ -673,9 +672,18 @@ def drafters_of(request: Request, target: Identity, found: list[Identity]) -> li
     return [Drafter(m, path, draft, acceptance[m], f"{m}:{draft}" if m in shared else m) for m, path, draft in pairs]
 
 
+#: What a study writes into its folder (an older study's are removed before it starts: the folder holds one study's
+#: files, or visibly none of ``advice.json``).
+OUTPUTS = ("advice.json", "report.html", "ranking.csv", "runs.csv", "per_load.csv", "batch_tables.csv", "ramp.csv",
+           "robustness.csv", "fleet.csv", "diurnal_trace.csv", "pareto.png", "batch_tables.png", "slo_vs_load.png")
+
+
 def advise(base: SimConfig, request: Request, out: Path,
            log: Callable[[str], None] = print) -> tuple[dict[str, Any], pd.DataFrame]:
-    """The whole study into ``out``; returns the advice (what ``advice.json`` holds) and the ranking."""
+    """The whole study into ``out`` (its older outputs removed first); returns the advice (what ``advice.json``
+    holds) and the ranking."""
+    for name in OUTPUTS:
+        (out / name).unlink(missing_ok=True)
     from simulator.studies import advise_inputs
 
     with Runner(request.workers, request.cluster, request.cluster_flag) as runner:
@@ -877,7 +885,6 @@ def write_outputs(out: Path, advice: dict[str, Any], ranked: pd.DataFrame, runs:
                                       list(study.load.values)))
     advice["files"] = {"tables": [str(out / n) for n, f in tables.items() if f is not None],
                        "figures": figures, "report": str(out / report.REPORT_NAME), "advice": str(out / "advice.json")}
-    write_json(out / "advice.json", advice)
     sections: list[tuple[str, Any]] = [
         ("Recommendation", advice["paragraph"]),
         ("Paste-ready configuration", "\n".join(command_lines(advice))),
@@ -897,6 +904,7 @@ def write_outputs(out: Path, advice: dict[str, Any], ranked: pd.DataFrame, runs:
     report.write_report(out / report.REPORT_NAME, f"advise: {advice['slo']} on {advice['deployment']['target']}",
                         sections, advice["warnings"], study.base.to_dict(flat=True),
                         [report.profile_info(p) for p in advice["deployment"]["profiles"]])
+    write_json(out / "advice.json", advice)  # last: a folder with advice.json holds a whole study
 
 
 def command_lines(advice: dict[str, Any]) -> list[str]:
