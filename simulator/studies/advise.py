@@ -37,8 +37,8 @@ per candidate: a run too short for its queue to build hides an overload, and sho
 without it the short rungs would favour what is best at light load), ties broken by its SLO figure averaged over the
 loads, then by its mean latency averaged over them. While the leader meets the SLO at the highest rate, the last
 rung adds higher ones. ``--search exhaustive`` runs every candidate on the whole workload (the test checks both choose
-alike on a small space). The runs go to local worker processes or a Dask
-cluster (``--cluster``; :mod:`simulator.studies.executors`).
+alike on a small space). The runs go to local worker processes or a Dask cluster (``--cluster``;
+:mod:`simulator.studies.executors`).
 
 **Robustness** (:func:`robustness`): the finalists (the best three deployable and the recommendation) run again with
 every per-token acceptance x 0.8, and the answer says whether the recommendation still ranks first among them.
