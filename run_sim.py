@@ -30,6 +30,23 @@ def _profiles_command(command: str) -> Callable[[list[str]], int]:
     return main
 
 
+def _calibrate_deployment(*args: object) -> list[str]:
+    """The profiles side's calibration of a deployment's vLLM results (``advise --vllm-results``:
+    :func:`profiles.calibrate.calibrate_deployment`), given to the simulator's command line, which never imports the
+    profiles side."""
+    return _profiles_function("calibrate", "calibrate_deployment")(*args)
+
+
+def _profiles_function(command: str, name: str) -> Callable[..., object]:
+    from policies.errors import UserError
+
+    try:
+        import profiles.calibrate as module
+    except ImportError as exc:
+        raise UserError(f"{command}: needs the profile extra (pip install -e '.[profile]'): {exc}") from None
+    return getattr(module, name)
+
+
 #: Commands of the profiles side, which parse their own flags.
 PROFILES_COMMANDS = ("profile", "validate", "calibrate")
 
@@ -40,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in PROFILES_COMMANDS:
         return run_command(lambda: _profiles_command(argv[0])(argv[1:]))
-    return simulator_main(argv)
+    return simulator_main(argv, calibrate=_calibrate_deployment)
 
 
 if __name__ == "__main__":

@@ -438,6 +438,35 @@ SETTING_HELP = {
 }
 
 
+def calibrate_deployment(paths: Sequence[str], gpu: str, target: str, tp: int, drafts: Sequence[str],
+                         base: SimConfig, out: Path, max_evals: int, log: Any = print) -> list[str]:
+    """``advise --vllm-results``: one profile per draft of a deployment known by its vLLM results, written into
+    ``out``: the first draft's by :func:`calibrate` (every parameter fitted, from the defaults, ``base`` carrying the
+    vLLM settings the files ran with), the others moved from it by :func:`transfer` (the same parameters; a head's
+    passes pay the same per-pass overhead as every pass, no published head runs being fitted here). A file of a run
+    with speculation on is refused: the fit prices runs without it (its counters are ``--acceptance-results``)."""
+    if not drafts:
+        raise UserError("--drafts: give at least one draft model or head config")
+    for path in paths:
+        data = vllm_io.read_vllm_result(path, replay=False)
+        if data.get("spec_decode_num_drafts"):
+            raise UserError(f"--vllm-results {path}: ran with speculation on (spec_decode_num_drafts "
+                            f"{data['spec_decode_num_drafts']}); the calibration fits runs without it: give it as "
+                            "--acceptance-results METHOD=FILE")
+    out.mkdir(parents=True, exist_ok=True)
+    profiles = []
+    first = Deployment(gpu, target, drafts[0], tp)
+    path = out / f"{gpu}{'x' + str(tp) if tp > 1 else ''}-vllm__{target}__{drafts[0]}.csv"
+    calibrate(paths, first, base.replace(arrival="trace", trace="-", rate=None), path, PARAMETERS, Calibration(),
+              max_evals, log)
+    profiles.append(str(path))
+    for draft in drafts[1:]:
+        other = out / f"{gpu}{'x' + str(tp) if tp > 1 else ''}-vllm__{target}__{draft}.csv"
+        transfer(str(path), Deployment(gpu, target, draft, tp), other)
+        profiles.append(str(other))
+    return profiles
+
+
 def read_start(path: str, flag: str = "--start") -> Calibration:
     """The parameters of an earlier calibration's ``.meta.json`` (or its profile CSV); ``flag`` names the input."""
     try:

@@ -63,6 +63,11 @@ def small(argv: list[str]) -> list[str]:
         out += ["--sizes", SMALL["--sizes"]]
     if out and out[0] == "tune" and "--param" not in out:
         out += ["--param", "k=2,4"]
+    if out and out[0] == "advise":  # a small deployment and space: few slots, two k, short ramp and rates
+        for flag, value in (("--max-num-seqs", "16"), ("--ks", "1,3"), ("--trees", "5/4/8"), ("--ramp-requests", "20"),
+                            ("--rates", "4,8"), ("--num-requests", SMALL["--num-requests"])):
+            if flag not in out:
+                out += [flag, value]
     return out
 
 

@@ -210,6 +210,26 @@ def build_workload(config: WorkloadConfig, arrival_rng: np.random.Generator,
     return Workload(arrivals, prompt, output, f"{process}, {lengths}", ids)
 
 
+def diurnal(workload: Workload, amplitude: float) -> Workload:
+    """``workload`` with its arrivals moved so that their rate follows one day's sinusoid compressed into the run:
+    over the span [0, T] of its arrivals (T the last), mean rate r = n / T becomes r(t) = r (1 - A cos(2 pi t / T)),
+    from (1 - A) r at the start and the end to (1 + A) r at T / 2, ``amplitude`` A in [0, 1). By the time change of a
+    point process (a Poisson process of rate r through the inverse of the cumulative rate is one of rate r(t)), each
+    arrival u goes to the t with t - (A T / 2 pi) sin(2 pi t / T) = u, found by interpolation on a grid of 4097 points
+    (the left side rises monotonically for A < 1). Lengths and prompt ids stay; the source says it."""
+    require(0.0 <= amplitude < 1.0, f"diurnal: amplitude must be in [0, 1), got {amplitude!r}")
+    u = workload.arrival_time
+    span = float(u[-1]) if len(u) else 0.0
+    if span <= 0:
+        return workload
+    grid = np.linspace(0.0, span, 4097)
+    warped = grid - amplitude * span / (2 * math.pi) * np.sin(2 * math.pi * grid / span)
+    times = np.maximum.accumulate(np.interp(u, warped, grid))
+    return Workload(times, workload.prompt_tokens, workload.output_tokens,
+                    f"{workload.source}, diurnal: rate x (1 - {amplitude:g} cos(2 pi t / {span:.4g} s))",
+                    workload.prompt_id, workload.blocks)
+
+
 def _synthetic_arrivals(config: WorkloadConfig, rng: np.random.Generator) -> np.ndarray:
     """Arrival times, seconds: cumulative sums of i.i.d. gaps of mean ``1/rate``, cut at ``duration``; all 0 at rate
     inf."""

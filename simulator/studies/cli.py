@@ -19,6 +19,7 @@ from policies.errors import EXIT_USER_ERROR, FlagParser, UserError
 from policies.tree import tree_nodes
 from simulator.config import CONCERN_OF, CONCERNS, FIELDS, SimConfig, align_proposer, flags_of, flat_fields
 from simulator.studies.compare import read_result_csv as _read_result_csv, warn_saturated
+from simulator.studies.engine_flags import speculative_config_fields
 from simulator.studies.specs import (field_kind, parse_field_value, parse_goodput, parse_grid, parse_policy_list,
                                      parse_policy_params, parse_rates, parse_seeds, parse_slo)
 
@@ -93,6 +94,17 @@ def add_config_flags(parser: argparse.ArgumentParser) -> None:
         help="vLLM's --dataset-name; only sharegpt (with --dataset-path) is read here")
 
 
+def add_speculative_config_flag(parser: argparse.ArgumentParser) -> None:
+    """vLLM's ``--speculative-config JSON`` (``simulate``, ``sweep``), read by
+    :func:`simulator.studies.engine_flags.parse_speculative_config`."""
+    parser.add_argument(
+        "--speculative-config", metavar="JSON", default=None,
+        help="vLLM's --speculative-config: a JSON object of method, model (the profile's draft), "
+             "num_speculative_tokens, speculative_token_tree, num_speculative_tokens_per_batch_size ([[start, end, k], "
+             "...]: the vllm-batch-table policy; else fixed-k) and, for ngram, prompt_lookup_min/max; another key is "
+             "refused. It sets --policy, --k, --speculative-method and the tree: give those once")
+
+
 def _shown_default(name: str, value: Any) -> str:
     if name == "profile":
         return "profiles/data/example.json"
@@ -132,6 +144,8 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
             value = parse_field_value(name, value)
         flags[name] = value
     data.update(align_proposer(flags, data))  # --speculative-method alone sets the proposer over a file's
+    if getattr(args, "speculative_config", None) is not None:  # vLLM's --speculative-config JSON (engine_flags)
+        data.update(align_proposer(speculative_config_fields(args.speculative_config, data, flags), data))
     _vllm_flags(args, data)
     if data.get("arrival") == "trace" and "rate" not in data:
         data["rate"] = None
@@ -470,6 +484,14 @@ def cmd_disagg(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_advise(args: argparse.Namespace) -> int:
+    """``advise``: the speculative configuration that meets an SLO, as engine flags (:mod:`simulator.studies.advise`,
+    which reads its own flags; the config flags resolve here)."""
+    from simulator.studies import advise_cli
+
+    return advise_cli.command(args, config_from_args)
+
+
 def cmd_bench(argv: list[str]) -> int:
     from simulator.studies.bench import main as bench_main
 
@@ -519,6 +541,8 @@ COMMANDS = {
     "demo": "the default demo (what no arguments runs): where speculation stops paying",
     "bench": "the simulator's own speed: simulated requests per wall-second and peak memory",
     "disagg": "goodput per GPU at TTFT and TPOT SLOs: disaggregated prefill/decode splits against co-located serving",
+    "advise": "the speculative configuration that meets an SLO (highest rate, or fewest GPUs), as vllm serve and SGLang "
+              "flags",
     "profile": "measure a model pair's costs on a device (profile extra; torch)",
     "calibrate": "fit a cost model of a vLLM deployment to its vllm bench serve --save-result files: a profile",
     "validate": "real engine against the simulator on the same requests (profile extra; torch)",
@@ -538,6 +562,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
     sim = sub.add_parser("simulate", help=COMMANDS["simulate"], description=COMMANDS["simulate"])
     add_config_flags(sim)
+    add_speculative_config_flag(sim)
     sim.add_argument("--out", required=True, metavar="DIR", help="output folder (created; a rerun replaces its files)")
     sim.add_argument("--format", choices=("auto", "csv", "parquet"), default="auto",
                      help="per-request (and per-step) tables: parquet, csv, or auto = parquet when pyarrow is "
@@ -552,6 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = sub.add_parser("sweep", help=COMMANDS["sweep"], description=COMMANDS["sweep"])
     add_config_flags(sweep)
+    add_speculative_config_flag(sweep)
     sweep.add_argument("--rates", required=True, metavar="R1,R2,...",
                        help="request rates to sweep, comma-separated, req/s > 0 (required)")
     sweep.add_argument("--policies", default="no-spec,fixed-k:1,fixed-k:3,fixed-k:5,goodput", metavar="SPEC,...",
@@ -625,9 +651,24 @@ def build_parser() -> argparse.ArgumentParser:
                             f'{disagg.DEFAULT_REQUESTS} (--num-requests)')
     _add_run_flags(split, out_default="results/disagg", cluster=True)
     split.set_defaults(func=cmd_disagg)
+    _add_advise_parser(sub)
     for name in ("bench", "profile", "calibrate", "validate"):  # listed here; they parse their own flags (run_sim.py NAME --help)
         sub.add_parser(name, help=COMMANDS[name] + f" (run_sim.py {name} --help)", add_help=False)
     return parser
+
+
+def _add_advise_parser(sub: Any) -> None:
+    """``advise``: the config flags (the workload, the engine's settings; ``--profile`` and ``--max-concurrency`` take
+    comma lists here), its own (:func:`simulator.studies.advise_cli.add_flags`), ``--out``, ``--workers``, ``--cluster``."""
+    from simulator.studies import advise_cli
+
+    parser = sub.add_parser("advise", help=COMMANDS["advise"], description=COMMANDS["advise"] + (
+        " (simulator/studies/advise.py; docs/advise.md). --profile takes P1,P2,... (one per drafter of one target and "
+        "GPU) and --max-concurrency C1,C2,... (closed loops to try); --acceptance-trace takes [METHOD=]FILE."))
+    add_config_flags(parser)
+    advise_cli.add_flags(parser)
+    _add_run_flags(parser, out_default="results/advise", cluster=True)
+    parser.set_defaults(func=cmd_advise)
 
 
 #: Commands that parse their own flags: name -> handler(argv).
@@ -657,15 +698,17 @@ def run_command(command: Callable[[], int]) -> int:
         return 130
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The simulator's commands (``run_sim.py`` adds ``profile`` and ``validate`` from the profiles side)."""
+def main(argv: list[str] | None = None, calibrate: Callable[..., list[str]] | None = None) -> int:
+    """The simulator's commands (``run_sim.py`` adds ``profile`` and ``validate`` from the profiles side, and gives
+    ``calibrate``, the profiles side's calibration that ``advise --vllm-results`` runs first)."""
     argv = sys.argv[1:] if argv is None else argv
-    return run_command(lambda: _dispatch(argv))
+    return run_command(lambda: _dispatch(argv, calibrate))
 
 
-def _dispatch(argv: list[str]) -> int:
+def _dispatch(argv: list[str], calibrate: Callable[..., list[str]] | None = None) -> int:
     if argv and argv[0] in PASSTHROUGH:
         return PASSTHROUGH[argv[0]](argv[1:])
     args = build_parser().parse_args(argv or ["demo"])
+    args.calibrate = calibrate
     resolve_cluster(args)
     return args.func(args)

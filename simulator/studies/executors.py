@@ -37,29 +37,44 @@ class Executor(Protocol):
 
 
 class LocalExecutor:
-    """Worker processes on this machine; with 1 worker, everything runs in this process."""
+    """Worker processes on this machine; with 1 worker, everything runs in this process. Inside ``with``, one pool of
+    workers serves every :meth:`map_unordered` call (a study of several stages starts its workers, and they load
+    their cost models, once), shut down on exit; outside, each call has its own."""
 
     def __init__(self, workers: int) -> None:
         if workers < 1:
             raise UserError(f"--workers must be >= 1, got {workers}")
         self.workers = workers
+        self._pool: ProcessPoolExecutor | None = None
+        self._entered = False
 
     def __enter__(self) -> "LocalExecutor":
+        self._entered = True
         return self
 
     def __exit__(self, *exc: object) -> None:
-        return None
+        self._entered = False
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
 
     def map_unordered(self, fn: Callable[[T], Any], items: Iterable[T]) -> Iterator[Any]:
         if self.workers == 1:
             yield from (fn(item) for item in items)
             return
-        pool = ProcessPoolExecutor(max_workers=self.workers, initializer=die_with_parent, initargs=(os.getpid(),))
+        pool = self._pool or ProcessPoolExecutor(max_workers=self.workers, initializer=die_with_parent,
+                                                 initargs=(os.getpid(),))
+        if self._entered:
+            self._pool = pool
+        futures = [pool.submit(fn, item) for item in items]
         try:
-            for future in as_completed([pool.submit(fn, item) for item in items]):
+            for future in as_completed(futures):
                 yield future.result()
         finally:
-            pool.shutdown(cancel_futures=True)
+            for future in futures:
+                future.cancel()
+            if not self._entered:
+                pool.shutdown(cancel_futures=True)
 
 
 class DaskExecutor:

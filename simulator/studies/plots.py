@@ -317,3 +317,63 @@ def plot_k_over_time(steps: pd.DataFrame, path: str | Path, label: str) -> str:
     fig.legend(handles, [h.get_label() for h in handles], loc="upper center", ncol=2, fontsize=8,
                bbox_to_anchor=(0.5, 0.0))
     return save_figure(fig, path)
+
+
+def pareto_front(x: pd.Series, y: pd.Series) -> list[int]:
+    """Positions (in ``x`` order, increasing) of the points no other point beats on both: the most ``y`` at any
+    ``x`` or more (higher is better on both)."""
+    order = sorted(range(len(x)), key=lambda i: (-float(x.iloc[i]), -float(y.iloc[i])))
+    front, best = [], -float("inf")
+    for i in order:
+        if float(y.iloc[i]) > best:
+            front.append(i)
+            best = float(y.iloc[i])
+    return sorted(front, key=lambda i: float(x.iloc[i]))
+
+
+def plot_pareto(points: pd.DataFrame, path: str | Path, title: str) -> str:
+    """AIConfigurator's Pareto figure: output tokens/s per GPU (``per_gpu``) against tokens/s per user (``per_user``),
+    one panel per ``panel`` (a drafter), each ``series`` (a candidate at every load) in its policy's colour and marker
+    (:func:`policy_styles`), the panel's Pareto front as the broad grey line (:data:`ENVELOPE_STYLE`)."""
+    import math
+
+    points = points[points["per_user"].notna() & points["per_gpu"].notna()]
+    panels = list(dict.fromkeys(points["panel"]))
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols + 2.5, 4.2 * rows), squeeze=False)
+    styles = policy_styles(list(dict.fromkeys(points["series"])))
+    for ax, panel in zip(axes.flat, panels):
+        part = points[points["panel"] == panel].reset_index(drop=True)
+        for series, group in part.groupby("series", sort=False):
+            group = group.sort_values("per_user")
+            ax.plot(group["per_user"], group["per_gpu"], ms=4, lw=0.8, label=series, **styles[series])
+        front = pareto_front(part["per_user"], part["per_gpu"])
+        ax.plot(part["per_user"].iloc[front], part["per_gpu"].iloc[front], **ENVELOPE_STYLE, label="Pareto front")
+        finish_axis(ax, "tokens/s per user (1000 / mean TPOT ms)", "output tokens/s per GPU")
+        ax.set_title(panel, fontsize=10)
+        ax.legend(fontsize=6, loc="upper right")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    return save_figure(fig, path)
+
+
+def plot_batch_tables(runs: pd.DataFrame, path: str | Path) -> str:
+    """The generated batch-size tables' runs: output tokens/s against concurrency, one line per k (k = 0 is no
+    speculation), one panel per drafter (``method``), each concurrency's best k ringed."""
+    methods = list(dict.fromkeys(runs["method"]))
+    fig, axes = plt.subplots(1, len(methods), figsize=(5.2 * len(methods) + 2, 4.2), squeeze=False)
+    for ax, method in zip(axes[0], methods):
+        part = runs[runs["method"] == method]
+        for k, group in part.groupby("k"):
+            spec = "no-spec" if k == 0 else f"fixed-k:{k}"
+            group = group.sort_values("batch")
+            ax.plot(group["batch"], group["output_throughput"], ms=4, lw=1, label=spec, **policy_style(spec))
+        best = part[part["best"]]
+        ax.scatter(best["batch"], best["output_throughput"], s=140, facecolors="none", edgecolors="k",
+                   label="best k at that concurrency")
+        finish_axis(ax, "requests in flight (closed loop)", "output tokens/s", log_x=True, log_y=True)
+        ax.set_title(f"{method}: k by batch size", fontsize=10)
+        ax.legend(fontsize=6)
+    return save_figure(fig, path)
