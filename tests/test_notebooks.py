@@ -130,9 +130,9 @@ def test_normal_vs_speculative_is_committed_with_the_real_smollm2_pair():
 
 def test_the_scrubbing_takes_out_paths_timestamps_and_png_text():
     replacements = EXECUTE._replacements()
-    text = f"runs in {REPO}/results/x, traces in {REPO.parent}/shared/t, {sys.base_prefix}/lib/python3.11/w.py"
+    text = f"runs in {REPO}/results/x, traces in {REPO.parent}/data/t, {sys.base_prefix}/lib/python3.11/w.py"
     scrubbed = EXECUTE.scrub_text(text, replacements)
-    assert scrubbed.startswith("runs in ./results/x, traces in ../shared/t, ") and str(REPO) not in scrubbed
+    assert scrubbed.startswith("runs in ./results/x, traces in ../data/t, ") and str(REPO) not in scrubbed
     assert EXECUTE.ABSOLUTE_PATH.search("at /root/x") and not EXECUTE.ABSOLUTE_PATH.search("at ./x, 2/3")
     assert EXECUTE.TIMESTAMP.search("2026-12-01T14:42:07") and not EXECUTE.TIMESTAMP.search("date 2026-12-01")
     import base64
@@ -177,15 +177,6 @@ def patched(name: str, line: str, replacement: str, tmp_path, monkeypatch):
     [cell] = [cell for cell in notebook.cells if line in cell.source]
     cell.source = cell.source.replace(line, replacement)
     return notebook, path
-
-
-def test_bursty_traffic_falls_back_to_a_synthetic_workload_without_the_traces(tmp_path, monkeypatch):
-    notebook, path = patched("bursty_traffic", 'TRACES = REPO.parent / "shared" / "traces" / "azure_llm_2023"',
-                             f'TRACES = Path({str(tmp_path / "no-traces")!r})', tmp_path, monkeypatch)
-    execute(notebook, path)
-    assert sorted(p.name for p in (tmp_path / "bursty_traffic").glob("synthetic_*.csv")) == [
-        "synthetic_code_80.csv", "synthetic_conv_80.csv"]
-    assert len(list((tmp_path / "bursty_traffic").rglob("summary.csv"))) == 2
 
 
 def test_fleet_falls_back_to_synthetic_multi_turn_sessions_without_the_traces(tmp_path, monkeypatch):
