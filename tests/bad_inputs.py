@@ -144,6 +144,15 @@ def vllm_case(changes: dict | None = None, text: str | None = None) -> Callable[
     return build
 
 
+def calibrate_case(changes: dict | None = None) -> Callable[[Path], list[str]]:
+    """``calibrate RESULT.json``: fit :data:`VLLM_RESULT` with ``changes``."""
+    def build(d: Path) -> list[str]:
+        path = write(d, "result.json", json.dumps({**VLLM_RESULT, **(changes or {})}))
+        return ["calibrate", path, "--gpu", "h100-80gb", "--target", "llama-3.1-8b", "--max-evals", "1", "--out",
+                str(d / "p.csv")]
+    return build
+
+
 PROFILE_HEADER = "role,phase,batch_size,query_len,context_len,seconds\n"
 
 CASES: list[Case] = [
@@ -232,6 +241,25 @@ CASES: list[Case] = [
          needle="not a folder"),
     Case("flags", "--out under a file", lambda d: simulate(d, *SMALL)[:-1] + [write(d, "afile", "x") + "/sub"],
          needle="cannot create"),
+    Case("flags", "--replicas with an empty entry", lambda d: simulate(d, *SMALL, "--replicas", "a,,b"),
+         needle="--replicas a,,b: an empty entry"),
+    Case("flags", "--replicas with a trailing comma", lambda d: simulate(d, *SMALL, "--replicas", "a,b,"),
+         needle="--replicas a,b,: an empty entry"),
+    Case("flags", "--acceptance-by-rank with a gap in its ranks",
+         lambda d: simulate(d, *SMALL, "--policy", "fixed-k", "--acceptance-by-rank",
+                            write(d, "ranks.csv", "depth,rank,probability\n1,0,0.5\n1,2,0.1\n2,0,0.6\n")),
+         needle="ranks.csv: depth 1 has no row of rank 1"),
+    Case("flags", "--acceptance-by-rank with a gap in its depths",
+         lambda d: simulate(d, *SMALL, "--policy", "fixed-k", "--acceptance-by-rank",
+                            write(d, "ranks.csv", "depth,rank,probability\n1,0,0.5\n3,0,0.6\n")),
+         needle="ranks.csv: depth 2 has no row"),
+    Case("flags", "bench --fleet -1", lambda d: ["bench", "--fleet", "-1"], needle="--fleet: a whole number >= 0"),
+    Case("flags", "bench --sizes with an empty item", lambda d: ["bench", "--sizes", "10,,20"],
+         needle="--sizes: an empty item"),
+    Case("flags", "bench: an abbreviated flag (one line, no usage)", lambda d: ["bench", "--fleet-rat", "3"],
+         needle="unrecognized arguments: --fleet-rat 3"),
+    Case("flags", "bench: an unknown policy", lambda d: ["bench", "--policies", "no-spec,warp"],
+         needle="--policies warp"),
     Case("flags", "--seeds nan", lambda d: sweep(d, "--rates", "1", "--policies", "no-spec", "--seeds", "nan"),
          needle="--seeds"),
     Case("flags", "--seeds 0.5", lambda d: sweep(d, "--rates", "1", "--policies", "no-spec", "--seeds", "0.5"),
@@ -314,6 +342,17 @@ CASES: list[Case] = [
     Case("vLLM result", "max_concurrency 0", vllm_case({"max_concurrency": 0}), needle="max_concurrency"),
     Case("vLLM result", "spec_decode_acceptance_rate 120", vllm_case({"spec_decode_acceptance_rate": 120}),
          needle="spec_decode_acceptance_rate"),
+    Case("vLLM result", "a NaN figure", vllm_case({"mean_ttft_ms": float("nan")}), needle="mean_ttft_ms: NaN"),
+    Case("vLLM result", "an infinite figure", vllm_case({"total_input_tokens": float("inf")}),
+         needle="total_input_tokens: inf, not a finite figure"),
+    Case("vLLM result", "no request streamed a token", vllm_case({"output_lens": [0, 0, 0], "ttfts": [0.0] * 3}),
+         needle="output_lens: none of the 3 successful requests streamed a token"),
+    Case("vLLM result", "calibrate: a NaN figure", calibrate_case({"median_tpot_ms": float("nan")}),
+         needle="median_tpot_ms: NaN"),
+    Case("vLLM result", "calibrate: no request streamed a token",
+         calibrate_case({"output_lens": [0, 0, 0], "ttfts": [0.0] * 3}), needle="streamed a token"),
+    Case("vLLM result", "calibrate: an unknown flag (one line, no usage)",
+         lambda d: calibrate_case()(d) + ["--max-eval", "3"], needle="unrecognized arguments: --max-eval 3"),
     Case("vLLM result", "two results appended (--append-result)",
          vllm_case(text=json.dumps(VLLM_RESULT) + "\n" + json.dumps(VLLM_RESULT)), needle="--append-result"),
     # -- sweep, tune, plot ----------------------------------------------------------------------------------

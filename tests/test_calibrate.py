@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import run_sim
+from policies.errors import InputWarning
 from profiles import calibrate as C
 from profiles.analytical import Deployment
 from simulator.config import SimConfig
@@ -73,6 +74,51 @@ def test_calibrate_writes_a_profile_whose_metadata_says_what_it_was_fitted_on(tm
     assert summary == 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["profile_method"] == \
         "analytical, calibrated to vLLM"
+
+
+def test_one_file_holds_nothing_out_and_says_so(tmp_path, capsys):
+    out = tmp_path / "one.csv"
+    code = run_sim.main(["calibrate", str(burst_result(tmp_path, 12, 0)), "--gpu", "h100-80gb", "--target",
+                         "llama-3.1-8b", "--fit", "pass_overhead_s", "--max-evals", "2", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0
+    assert "held-out error: none (nothing held out: one file)" in printed and "held out burst12" not in printed
+    block = json.loads(out.with_name("one.meta.json").read_text())["calibration"]
+    assert block["held_out"] == []
+    assert block["held_out_summary"] == {"median_abs_error": None, "max_abs_error": None,
+                                         "method": "nothing held out: one file"}
+
+
+def test_files_that_cannot_identify_the_fit_say_so_in_one_warning_line(tmp_path, capsys):
+    """Two small bursts cannot tell five parameters apart: fewer files than parameters, no large batch for
+    step_per_seq_s, no burst of 100 for frontend_s; one warning (one line at the command line: tests/test_cli.py),
+    and the metadata records the gaps."""
+    files = [str(burst_result(tmp_path, n, seed)) for n, seed in ((10, 2), (40, 3))]
+    out = tmp_path / "two.csv"
+    with pytest.warns(InputWarning) as caught:
+        assert run_sim.main(["calibrate", *files, "--gpu", "h100-80gb", "--target", "llama-3.1-8b", "--max-evals",
+                             "1", "--out", str(out)]) == 0
+    [message] = [str(w.message) for w in caught]
+    assert message.startswith("calibrate: these 2 file(s) cannot identify the 5 parameter(s) fitted: ")
+    gaps = json.loads(out.with_name("two.meta.json").read_text())["calibration"]["identification_gaps"]
+    assert gaps == ["fewer files (2) than parameters fitted (5)",
+                    "no file at a large batch (at least 256 requests in flight) to pin step_per_seq_s",
+                    "no burst of at least 100 requests sent at t = 0 (request_rate inf) to pin frontend_s"]
+    assert all(gap in message for gap in gaps)
+
+
+@pytest.mark.parametrize("pattern, fit, gaps", [
+    ("1xH100-80GB-SXM__Meta-Llama-3-8B-Instruct__N*.json", C.PARAMETERS, []),
+    ("4xH100-80GB-SXM__Meta-Llama-3-70B-Instruct__N*.json", ("pass_overhead_s",), []),
+    ("1xH100-80GB-SXM__Meta-Llama-3-8B-Instruct__N1[06]*.json", C.PARAMETERS,
+     ["fewer files (2) than parameters fitted (5)",
+      "no file at a large batch (at least 256 requests in flight) to pin step_per_seq_s"]),
+])
+def test_the_shipped_files_identify_what_their_calibrations_fit(pattern, fit, gaps):
+    """The six 8B runs (10 to 640 prompts) identify all five parameters, the two 70B runs the pass overhead they
+    refit; the README's old example, two of them (10 and 160 prompts), could not."""
+    results = C.read_results(sorted(str(p) for p in LAMBDA.glob(pattern)))
+    assert C.identification_gaps(results, fit) == gaps
 
 
 def test_a_transfer_moves_the_parameters_by_the_datasheet_and_says_so(tmp_path):

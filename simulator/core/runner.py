@@ -11,7 +11,6 @@ import functools
 import importlib.util
 import math
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,7 +23,7 @@ from policies.base import Policy
 from policies.registry import load_policy_file, make_policy
 from simulator.inputs.acceptance import make_acceptance, tree_family
 from simulator.config import SimConfig, config_hash
-from simulator.costs.cost_model import CostModel, check_draft_method, load_cost_model
+from simulator.costs.cost_model import CostModel, check_draft_method, load_cost_model, probing
 from simulator.core.engine import EngineSpec, SimulatedEngine
 from policies.errors import UserError
 from simulator.core.memory import num_gpu_blocks
@@ -98,8 +97,7 @@ def check_costs(config: SimConfig, cost: Any, flag: str, speculative: bool) -> N
     k = config.speculative.k if speculative else 0
     batch = min(config.engine.max_num_seqs, 1024)
     longest = min(config.workload.max_prompt_len + config.workload.max_output_len, 10 ** 7)
-    with warnings.catch_warnings():  # probing past a measured grid is not the run's own extrapolation
-        warnings.simplefilter("ignore")
+    with probing():  # probing past a measured grid is not the run's own extrapolation
         probes = {
             "a decode step of one request": predict_step_seconds(cost, [1], [0], False),
             f"a decode step of {batch} requests of {longest} tokens with k={k}":
@@ -161,6 +159,12 @@ class RunSetup:
             env.run()
 
 
+def _flagged(cost: CostModel, flag: str) -> CostModel:
+    """``cost``, its warnings naming ``flag`` (:attr:`CostModel.flag`)."""
+    cost.flag = flag
+    return cost
+
+
 def setup_run(config: SimConfig, workload: Workload | None, step_by_step: bool, cost: CostModel | None) -> RunSetup:
     """The :class:`RunSetup` of ``config`` (:func:`run_simulation`'s arguments), its inputs checked."""
     wall = time.perf_counter()
@@ -170,7 +174,8 @@ def setup_run(config: SimConfig, workload: Workload | None, step_by_step: bool, 
     cost = with_cuda_graphs(load_cost_model(config.cost.profile, config.cost.fitter) if cost is None else cost,
                             config.engine.cuda_graph_sizes)
     policy_cost = cost if config.cost.policy_profile is None else with_cuda_graphs(
-        load_cost_model(config.cost.policy_profile, config.cost.fitter), config.engine.cuda_graph_sizes)
+        _flagged(load_cost_model(config.cost.policy_profile, config.cost.fitter), "--policy-profile"),
+        config.engine.cuda_graph_sizes)
     speculative = is_speculative(config)
     if speculative and config.speculative.proposer == "draft" and not cost.has("draft", "decode"):
         raise UserError(f"--profile {config.cost.profile}: has no draft decode costs; a draft-model proposer needs "

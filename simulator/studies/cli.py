@@ -15,7 +15,7 @@ from dataclasses import MISSING
 from pathlib import Path
 from typing import Any, Callable
 
-from policies.errors import EXIT_USER_ERROR, FlagParser, UserError
+from policies.errors import EXIT_USER_ERROR, FlagParser, UserError, one_line_warnings
 from policies.tree import tree_nodes
 from simulator.config import CONCERN_OF, CONCERNS, FIELDS, SimConfig, align_proposer, flags_of, flat_fields
 from simulator.studies.compare import read_result_csv as _read_result_csv, warn_saturated
@@ -126,7 +126,11 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
             value = parse_goodput(value)
         elif name == "replica_profiles" or (name == "replicas" and not value.strip().isdigit()):
             # --replicas A,B: a mixed fleet, one replica per profile (replicas follows from the list)
-            flags["replica_profiles"] = tuple(p.strip() for p in value.split(",") if p.strip())
+            entries = tuple(p.strip() for p in value.split(","))
+            if not all(entries):
+                raise UserError(f"{flags_of(name)[0]} {value}: an empty entry (a profile between two commas, or after "
+                                "the last); give one profile per replica")
+            flags["replica_profiles"] = entries
             continue
         elif not isinstance(value, bool):
             value = parse_field_value(name, value)
@@ -636,7 +640,9 @@ PASSTHROUGH: dict[str, Callable[[list[str]], int]] = {"bench": cmd_bench}
 
 def run_command(command: Callable[[], int]) -> int:
     """Run ``command`` as the command line does: a :class:`UserError` prints one line and gives exit status 2,
-    Ctrl-C gives 130, a reader of stdout that went away (``| head``) ends it quietly with 1."""
+    Ctrl-C gives 130, a reader of stdout that went away (``| head``) ends it quietly with 1; an
+    :class:`~policies.errors.InputWarning` prints as one line (:func:`~policies.errors.one_line_warnings`)."""
+    one_line_warnings()
     try:
         code = command()
         sys.stdout.flush()  # a broken pipe shows here, not in the interpreter's last flush
