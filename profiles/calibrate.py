@@ -70,7 +70,7 @@ from profiles.analytical import GPUS, Deployment, Efficiency, analytical_profile
 from profiles.grid import Grid, powers_of_two
 from simulator.config import SimConfig, rate_to_json
 from simulator.costs.cost_model import CostModel, fit_cost_model
-from simulator.costs.profile_table import ProfileTable, write_profile
+from simulator.costs.profile_table import DEPLOYMENT_SETTINGS, ProfileTable, write_profile
 from simulator.inputs.workload import Workload
 from simulator.studies import vllm_io
 
@@ -360,9 +360,9 @@ def calibrate(paths: Sequence[str], dep: Deployment, base: SimConfig, out: Path,
     return block
 
 
-#: The config fields that describe the vLLM deployment (recorded in the profile's metadata).
-SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_utilization", "scheduler",
-            "num_scheduler_steps", "cuda_graph_sizes", "enable_prefix_caching", "num_gpu_blocks")
+#: The config fields that describe the vLLM deployment, recorded in the profile's metadata (``calibration.settings``)
+#: and taken from it as defaults by the simulator's commands.
+SETTINGS = DEPLOYMENT_SETTINGS
 
 
 def parameters(cal: Calibration) -> dict[str, float]:

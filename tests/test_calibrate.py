@@ -175,3 +175,111 @@ def test_a_shipped_calibration_reproduces_its_recorded_figures():
     recorded = {r["figure"]: r["simulated"] for r in block["in_sample"] if r["file"] == name}
     assert {k: simulated[k] for k in recorded} == pytest.approx(recorded, rel=1e-9)
     assert simulated["median_tpot_ms"] == pytest.approx(7.56, rel=0.10)
+
+
+# -- the settings a calibrated profile was fitted with -------------------------------------------------------------
+CALIBRATED = str(DATA / "h100-80gb-vllm__llama-3.1-8b__llama-3.2-1b.csv")
+#: What the shipped vLLM profiles record (profiles/data/vllm_lambda/README.md): vLLM 0.6's settings of the public runs.
+RECORDED = {"max_num_seqs": 1024, "max_num_batched_tokens": 2048, "gpu_memory_utilization": 0.95,
+            "num_scheduler_steps": 10, "cuda_graph_sizes": (1, 2, 4, *range(8, 257, 8))}
+
+
+def engine_of(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text())["engine"]
+
+
+def test_every_shipped_vllm_profile_records_the_settings_of_the_runs_it_was_fitted_to():
+    from simulator.costs.profile_table import calibration_settings
+
+    for path in sorted(DATA.glob("*-vllm__*.csv")):
+        settings = calibration_settings(path)
+        assert {k: settings[k] for k in RECORDED} == RECORDED, path.name
+        assert (settings["scheduler"], settings["block_size"], settings["enable_prefix_caching"]) == (
+            "prefill-first", 16, False)
+
+
+def test_simulate_takes_a_calibrated_profiles_settings_as_defaults_and_says_which(tmp_path, capsys):
+    assert run_sim.main(["simulate", "--profile", CALIBRATED, "--rate", "2", "--num-requests", "10", "--out",
+                         str(tmp_path / "run")]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == ("profile h100-80gb-vllm__llama-3.1-8b__llama-3.2-1b.csv: vLLM settings of the calibration, taken "
+                     "as defaults (a flag overrides them): --max-num-seqs 1024, --max-num-batched-tokens 2048, "
+                     "--gpu-memory-utilization 0.95, --cuda-graph-sizes 1,2,4,8,...,256 (35 sizes), "
+                     "--num-scheduler-steps 10")
+    engine = engine_of(tmp_path / "run")
+    assert {k: tuple(v) if isinstance(v, list) else v for k, v in engine.items() if k in RECORDED} == RECORDED
+
+
+def test_a_flag_overrides_a_calibrated_setting_and_the_run_says_so(tmp_path, capsys):
+    assert run_sim.main(["simulate", "--profile", CALIBRATED, "--rate", "2", "--num-requests", "10",
+                         "--num-scheduler-steps", "1", "--out", str(tmp_path / "run")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == ("profile h100-80gb-vllm__llama-3.1-8b__llama-3.2-1b.csv: calibrated with "
+                        "--num-scheduler-steps 10; --num-scheduler-steps 1 given overrides it")
+    engine = engine_of(tmp_path / "run")
+    assert (engine["num_scheduler_steps"], engine["max_num_seqs"]) == (1, 1024)
+
+
+def test_a_config_file_overrides_a_calibrated_setting_and_flags_override_the_file(tmp_path, capsys):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"engine": {"max_num_seqs": 64, "max_num_batched_tokens": 4096}}))
+    assert run_sim.main(["simulate", "--config", str(config), "--profile", CALIBRATED, "--rate", "2",
+                         "--num-requests", "10", "--max-num-batched-tokens", "3000", "--out", str(tmp_path / "run")]) == 0
+    engine = engine_of(tmp_path / "run")
+    assert (engine["max_num_seqs"], engine["max_num_batched_tokens"], engine["num_scheduler_steps"]) == (64, 3000, 10)
+    assert "--max-num-seqs 64, --max-num-batched-tokens 3000 given override them" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, why", [
+    (["--policy", "fixed-k"], "this run speculates (--policy fixed-k)"),
+    (["--scheduler", "chunked-prefill"], "this run chunks its prefills (--scheduler chunked-prefill)"),
+])
+def test_multi_step_scheduling_is_not_taken_where_vllm_ran_without_it(tmp_path, capsys, flags, why):
+    """vLLM 0.6 ran --num-scheduler-steps > 1 without speculation and chunked prefill: a run with either keeps one
+    step per scheduling, says why, and takes the other settings."""
+    assert run_sim.main(["simulate", "--profile", CALIBRATED, "--rate", "2", "--num-requests", "10", *flags, "--out",
+                         str(tmp_path / "run")]) == 0
+    assert f"calibrated with --num-scheduler-steps 10, which vLLM 0.6 ran only without speculation and chunked " \
+           f"prefill; {why}, so it keeps --num-scheduler-steps 1" in capsys.readouterr().out
+    engine = engine_of(tmp_path / "run")
+    assert (engine["num_scheduler_steps"], engine["max_num_seqs"]) == (1, 1024)
+
+
+def test_a_sweep_takes_multi_step_scheduling_only_when_none_of_its_cells_speculates(tmp_path, capsys):
+    def sweep(policies: str) -> str:
+        assert run_sim.main(["sweep", "--profile", CALIBRATED, "--rates", "2", "--num-requests", "8", "--policies",
+                             policies, "--workers", "1", "--quiet", "--out", str(tmp_path / policies)]) == 0
+        return capsys.readouterr().out.splitlines()[0]
+
+    assert sweep("no-spec").endswith("--cuda-graph-sizes 1,2,4,8,...,256 (35 sizes), --num-scheduler-steps 10")
+    assert sweep("no-spec,fixed-k:2").endswith("this run speculates (--policy fixed-k), so it keeps "
+                                               "--num-scheduler-steps 1")
+
+
+def test_a_transferred_profile_carries_its_sources_settings(tmp_path):
+    from simulator.costs.profile_table import calibration_settings
+
+    out = tmp_path / "a100.csv"
+    assert run_sim.main(["calibrate", "--transfer-from", CALIBRATED, "--gpu", "a100-80gb", "--target", "llama-2-7b",
+                         "--draft", "llama-68m", "--out", str(out)]) == 0
+    assert calibration_settings(out) == calibration_settings(CALIBRATED)
+
+
+def test_a_mixed_fleet_takes_the_settings_its_profiles_agree_on_and_none_where_they_differ(tmp_path, capsys):
+    import shutil
+
+    other = tmp_path / "other.csv"
+    shutil.copy(CALIBRATED, other)
+    meta = json.loads(Path(CALIBRATED).with_name(Path(CALIBRATED).stem + ".meta.json").read_text())
+    meta["calibration"]["settings"]["max_num_seqs"] = 512
+    other.with_name("other.meta.json").write_text(json.dumps(meta))
+    a100 = str(DATA / "a100-80gb-vllm__llama-3.1-8b__llama-3.2-1b.csv")
+    for replicas, folder in ((f"{CALIBRATED},{a100}", "same"), (f"{CALIBRATED},{other}", "differ")):
+        assert run_sim.main(["simulate", "--replicas", replicas, "--rate", "2", "--num-requests", "10", "--out",
+                             str(tmp_path / folder)]) == 0
+    same, differ = capsys.readouterr().out.split("results in")[:2]
+    assert same.startswith("profiles a100-80gb-vllm__llama-3.1-8b__llama-3.2-1b.csv, "
+                           "h100-80gb-vllm__llama-3.1-8b__llama-3.2-1b.csv: vLLM settings of the calibration")
+    assert engine_of(tmp_path / "same")["max_num_seqs"] == 1024
+    assert "--replicas: its profiles were calibrated with different vLLM settings; none taken as defaults" in differ
+    assert engine_of(tmp_path / "differ")["max_num_seqs"] == 256
