@@ -111,6 +111,19 @@ def nested_config_case(extra: dict) -> Callable[[Path], list[str]]:
     return build
 
 
+def earlier(d: Path, name: str | None = None, text: str = "") -> str:
+    """A folder ``d/earlier`` holding an earlier result: the file ``name``, or else a simulate run's (run here)."""
+    folder = d / "earlier"
+    if name is None:
+        from simulator.studies.cli import main
+
+        assert main(["simulate", "--rate", "2", "--num-requests", "4", "--out", str(folder)]) == 0
+    else:
+        folder.mkdir()
+        write(folder, name, text)
+    return str(folder)
+
+
 def sweep(d: Path, *flags: str) -> list[str]:
     return ["sweep", "--profile", profile(d), "--num-requests", "10", "--num-gpu-blocks", "2000", "--workers", "1",
             "--quiet", *flags, "--out", str(d / "sweep")]
@@ -260,6 +273,12 @@ CASES: list[Case] = [
          needle="unrecognized arguments: --fleet-rat 3"),
     Case("flags", "bench: an unknown policy", lambda d: ["bench", "--policies", "no-spec,warp"],
          needle="--policies warp"),
+    Case("flags", "simulate --out into a sweep's folder (written before folders recorded their kind)",
+         lambda d: simulate(d, *SMALL)[:-1] + [earlier(d, "summary.csv", OK_SUMMARY)],
+         needle="holds a sweep's results (its summary.csv); a simulate run would mix its files with them"),
+    Case("flags", "sweep --out into a run's folder",
+         lambda d: sweep(d, "--rates", "1", "--policies", "no-spec")[:-1] + [earlier(d)],
+         needle="holds a simulate run's results (recorded in .specsim-kind); a sweep would mix its files"),
     Case("flags", "--seeds nan", lambda d: sweep(d, "--rates", "1", "--policies", "no-spec", "--seeds", "nan"),
          needle="--seeds"),
     Case("flags", "--seeds 0.5", lambda d: sweep(d, "--rates", "1", "--policies", "no-spec", "--seeds", "0.5"),

@@ -269,7 +269,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.save_timeline and not config.run.save_steps:
         config = config.replace(save_steps=True)  # the timeline draws the steps
     table_format(args.format)
-    _, lock = prepare_out_dir(args.out)  # before simulating: a bad folder is found now, not after a long run
+    _, lock = prepare_out_dir(args.out, "run")  # before simulating: a bad folder is found now, not after a long run
     with lock:
         result = run_config(config)
         write_result(result, args.out, args.format)
@@ -474,7 +474,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     with report.recorded_warnings() as printed:
         summary, _ = sweep_and_plot(base, specs, rates, seeds, {}, args.out, args.workers, args.cluster,
-                                    args.cluster_flag, args.quiet, finish)
+                                    args.cluster_flag, args.quiet, finish, kind="tune")
     print(f"SLO {slo}: {len(specs)} settings x {len(rates)} rates x {len(seeds)} seeds")
     print(done["table"].head(10).to_string(index=False))
     for line in done["verdict"]:
@@ -542,7 +542,7 @@ def cmd_disagg(args: argparse.Namespace) -> int:
     # a disaggregated base, so that the link's and the routers' flags apply; each cell sets its own layout
     base = config_from_args(args, arrival="trace", trace=disagg.DEFAULT_TRACE, profile=disagg.DEFAULT_PROFILE,
                             num_requests=disagg.DEFAULT_REQUESTS, prefill_replicas=1, decode_replicas=1)
-    out, lock = prepare_out_dir(args.out)
+    out, lock = prepare_out_dir(args.out, "disagg")
     with lock:
         _, table, figures = disagg.run_disagg_study(base, args.gpus, splits, policies, rates, slo, out, args.workers,
                                                     args.cluster)

@@ -162,8 +162,10 @@ def plot_panels(panels: list[tuple[str, str, float, pd.DataFrame]], path: str | 
 
 def run_demo(out: str, workers: int, quiet: bool) -> int:
     from simulator.costs.cost_model import load_cost_model
+    from simulator.results import check_out_dir
     from simulator.studies.sweep import sweep_and_plot
 
+    check_out_dir(out, kind="demo")  # its panels are sweeps in folders of their own
     panels, findings = [], []
     print(f"specsim demo: where speculation stops paying (SmartSpec, arXiv 2406.14066), {len(DEMO_POLICIES)} policies "
           f"x {len(DEMO_FRACTIONS)} rates x {len(DEMO_PROFILES)} engines, "

@@ -284,11 +284,13 @@ def progress_bar(quiet: bool) -> Callable[[int, int], None] | None:
 def sweep_and_plot(base: SimConfig, policies: list[str], rates: list[float], seeds: list[int],
                    grid: dict[str, list[Any]], out_dir: str | Path, workers: int, cluster: str | None = None,
                    cluster_flag: str = "--cluster", quiet: bool = False,
-                   finish: Callable[[pd.DataFrame, list[str]], None] | None = None) -> tuple[pd.DataFrame, list[str]]:
+                   finish: Callable[[pd.DataFrame, list[str]], None] | None = None,
+                   kind: str = "sweep") -> tuple[pd.DataFrame, list[str]]:
     """Run the sweep grid into ``out_dir`` (on ``workers`` local processes, or the Dask scheduler at ``cluster``,
     which ``cluster_flag`` named) and draw its figures; return (summary, figure paths). ``finish(summary,
     figures)`` runs last, the folder still locked (the command's own tables and its ``report.html``); an older
-    ``report.html`` is removed first, so a killed sweep leaves none."""
+    ``report.html`` is removed first, so a killed sweep leaves none. ``kind``: the result the folder holds
+    (:data:`simulator.results.RESULT_KINDS`: a ``sweep``, or a ``tune`` with its own tables)."""
     from simulator.results import prepare_out_dir
 
     for rate in rates:
@@ -298,7 +300,7 @@ def sweep_and_plot(base: SimConfig, policies: list[str], rates: list[float], see
         raise UserError("--policies: no policy given")
     cells = build_cells(base, rates, policies, seeds, grid)
     check_policies(cells)
-    out, lock = prepare_out_dir(out_dir)
+    out, lock = prepare_out_dir(out_dir, kind)
     with lock:
         (out / "report.html").unlink(missing_ok=True)  # an older run's (simulator.studies.report.remove_report)
         with make_executor(workers, cluster, cluster_flag) as executor:
