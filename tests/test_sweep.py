@@ -192,8 +192,8 @@ def simulate_argv(profile: str, out: Path, *extra: str) -> list[str]:
 def test_without_pyarrow_results_are_csv_and_parquet_is_refused(monkeypatch, capsys, cost_json, tmp_path):
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed: find_spec("pyarrow") is None
     assert main(simulate_argv(cost_json(), tmp_path / "auto")) == 0
-    assert sorted(p.name for p in (tmp_path / "auto").iterdir()) == ["config.json", "requests.csv", "steps.csv",
-                                                                     "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "auto").iterdir()) == [".specsim-kind", "config.json", "requests.csv",
+                                                                     "steps.csv", "summary.json"]
     assert main(simulate_argv(cost_json(), tmp_path / "p", "--format", "parquet")) == 2
     assert capsys.readouterr().err == "error: --format parquet: needs pyarrow (pip install pyarrow), or use --format csv\n"
 
@@ -203,8 +203,9 @@ def test_parquet_results_hold_the_same_values_as_csv(capsys, cost_json, tmp_path
     profile = cost_json(per_batched_token=1e-4)
     assert main(simulate_argv(profile, tmp_path / "auto")) == 0
     assert main(simulate_argv(profile, tmp_path / "csv", "--format", "csv")) == 0
-    assert sorted(p.name for p in (tmp_path / "auto").iterdir()) == ["config.json", "requests.parquet",
-                                                                     "steps.parquet", "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "auto").iterdir()) == [".specsim-kind", "config.json",
+                                                                     "requests.parquet", "steps.parquet",
+                                                                     "summary.json"]
     for table in ("requests", "steps"):
         pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "auto" / f"{table}.parquet"),
                                       pd.read_csv(tmp_path / "csv" / f"{table}.csv"), check_exact=True)

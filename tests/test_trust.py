@@ -103,7 +103,7 @@ def test_a_rerun_leaves_no_file_of_the_old_run(tmp_path, capsys):
     profile, out = write_cost_json(tmp_path / "p.json"), tmp_path / "o"
     assert main(simulate_argv(profile, out, 30, "parquet")) == 0
     assert main(simulate_argv(profile, out, 20, "csv")) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "requests.csv", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".specsim-kind", "config.json", "requests.csv", "summary.json"]
     assert json.loads((out / "summary.json").read_text())["requests"] == 20
 
 

@@ -509,7 +509,7 @@ def replica_parts(config: SimConfig, setup: RunSetup, step_by_step: bool,
         path = resolve_profile(entry)
         if path not in parts:  # the policy file, already loaded, is not loaded again
             own = setup_run(config.replace(profile=path, replica_profiles=(), replicas=1, policy_file=None),
-                            setup.workload, step_by_step, None)
+                            setup.workload, step_by_step, None, workload_checked=True)
             parts[path] = (own.cost, own.policy_cost, own.spec)
         out.append((path, *parts[path]))
     return out

@@ -122,8 +122,9 @@ def calibrated_config(args: argparse.Namespace, runs: Callable[[SimConfig], Iter
 
     It prints one line naming the settings it took, and one naming those a ``--config`` file or a flag overrode.
     ``num_scheduler_steps`` > 1 is taken only where no run of the command speculates or chunks its prefills (vLLM 0.6
-    ran multi-step scheduling without either; ``runs(base)``: the configs the command runs from ``base``, e.g. a sweep's
-    cells; default ``base`` alone); otherwise a line says it was left at 1."""
+    ran multi-step scheduling without either) or serves disaggregated (not modelled with it); ``runs(base)``: the
+    configs the command runs from ``base``, e.g. a sweep's cells; default ``base`` alone; otherwise a line says it was
+    left at 1."""
     from policies.protocol import is_speculative
     from simulator.costs.profile_table import calibration_settings
 
@@ -148,9 +149,12 @@ def calibrated_config(args: argparse.Namespace, runs: Callable[[SimConfig], Iter
         cells = list(runs(base) if runs is not None else [base])
         speculative = sorted({c.speculative.policy for c in cells if is_speculative(c.speculative.policy,
                                                                                      c.speculative.k)})
-        if speculative or any(c.engine.scheduler == "chunked-prefill" for c in cells):
-            why = f"speculates (--policy {', '.join(speculative)})" if speculative else \
-                "chunks its prefills (--scheduler chunked-prefill)"
+        why = f"speculates (--policy {', '.join(speculative)})" if speculative else \
+            "chunks its prefills (--scheduler chunked-prefill)" if any(
+                c.engine.scheduler == "chunked-prefill" for c in cells) else \
+            "serves prefill and decode apart (--prefill-replicas, --decode-replicas; not modelled with it)" if any(
+                c.fleet.disaggregated for c in cells) else None
+        if why is not None:
             print(f"{name}: calibrated with --num-scheduler-steps {steps}, which vLLM 0.6 ran only without speculation "
                   f"and chunked prefill; this run {why}, so it keeps --num-scheduler-steps "
                   f"{base.engine.num_scheduler_steps}")
