@@ -66,7 +66,7 @@ import pandas as pd
 
 from policies.errors import FlagParser, UserError, warn_user
 from policies.step_time import predict_step_seconds
-from profiles.analytical import GPUS, Deployment, Efficiency, analytical_profile
+from profiles.analytical import GPUS, Deployment, Efficiency, analytical_profile, draft_for
 from profiles.grid import Grid, powers_of_two
 from simulator.config import SimConfig, rate_to_json
 from simulator.costs.cost_model import CostModel, fit_cost_model
@@ -538,8 +538,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gpu", required=True, help=f"the deployment's GPU: {', '.join(GPUS)}")
     parser.add_argument("--target", required=True, help="the served model's config (a shipped name such as "
                                                         "llama-3.1-8b, or a config.json path)")
-    parser.add_argument("--draft", default="llama-3.2-1b", help="a draft model priced by the same calibrated model, "
-                                                                "for speculation what-ifs (default llama-3.2-1b)")
+    parser.add_argument("--draft", help="a draft model of the target's tokenizer (or a draft head) priced by the same "
+                                        "calibrated model, for speculation what-ifs (default: the target's, as "
+                                        "python -m profiles.analytical pairs it: llama-3.2-1b for Llama 3, llama-68m "
+                                        "for llama-2-7b)")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the deployment (default 1)")
     parser.add_argument("--fit", default=",".join(PARAMETERS),
                         help=f"parameters to fit, comma-separated, of {', '.join(PARAMETERS)} (default: all)")
@@ -563,7 +565,7 @@ def main(argv: list[str]) -> int:
             raise UserError(f"--fit: unknown parameter {n!r} (one of {', '.join(PARAMETERS)})")
     if args.max_evals < 1:
         raise UserError(f"--max-evals: must be >= 1 (got {args.max_evals})")
-    dep = Deployment(args.gpu, args.target, args.draft, args.tp)
+    dep = Deployment(args.gpu, args.target, draft_for(args.target, args.draft), args.tp)
     out = Path(args.out)
     if out.suffix.lower() != ".csv":
         raise UserError(f"--out {out}: the profile is a .csv (its .meta.json is written beside it)")

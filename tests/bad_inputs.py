@@ -385,6 +385,9 @@ CASES: list[Case] = [
          calibrate_case({"output_lens": [0, 0, 0], "ttfts": [0.0] * 3}), needle="streamed a token"),
     Case("vLLM result", "calibrate: an unknown flag (one line, no usage)",
          lambda d: calibrate_case()(d) + ["--max-eval", "3"], needle="unrecognized arguments: --max-eval 3"),
+    Case("vLLM result", "calibrate: a draft of another vocabulary than the target's",
+         lambda d: calibrate_case()(d) + ["--draft", "llama-68m"],
+         needle="--draft llama-68m: its vocabulary of 32000 tokens is not the target llama-3.1-8b's 128256"),
     Case("vLLM result", "two results appended (--append-result)",
          vllm_case(text=json.dumps(VLLM_RESULT) + "\n" + json.dumps(VLLM_RESULT)), needle="--append-result"),
     # -- sweep, tune, plot ----------------------------------------------------------------------------------
