@@ -298,7 +298,11 @@ CASES: list[Case] = [
          needle="--seeds"),
     Case("flags", "--seeds -1", lambda d: sweep(d, "--rates", "1", "--policies", "no-spec", "--seeds", "-1"),
          needle="--seeds"),
-    Case("flags", "--rates inf", lambda d: sweep(d, "--rates", "1,inf", "--policies", "no-spec"), needle="--rates"),
+    Case("flags", "--rates inf", lambda d: sweep(d, "--rates", "1,inf", "--policies", "no-spec"),
+         needle="--rates: inf is not a point of a rate axis: for vLLM's --request-rate inf"),
+    Case("flags", "tune --rates inf",
+         lambda d: ["tune", "--policy", "goodput", "--slo", "p99_latency<=20", "--rates", "inf", "--out", str(d / "t")],
+         needle="run simulate --request-rate inf --max-concurrency N"),
     Case("flags", "--rates nan", lambda d: sweep(d, "--rates", "nan", "--policies", "no-spec"), needle="--rates"),
     # -- --config JSON ----------------------------------------------------------------------------------------
     Case("--config JSON", '"save_steps": "no"', config_case({"save_steps": "no"}), needle="save_steps"),

@@ -346,7 +346,8 @@ def warn_ignored(summary: dict[str, Any], config: SimConfig) -> None:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from simulator.studies import report
     from simulator.studies.specs import axis_column
-    from simulator.studies.sweep import build_cells, print_table, sweep_and_plot
+    from simulator.studies.sweep import (SWEEP_METRIC, TABLE_METRICS, build_cells, payoff_lines, print_table,
+                                         sweep_and_plot)
 
     rates = parse_rates("--rates", args.rates)
     seeds = parse_seeds("--seeds", args.seeds)
@@ -368,6 +369,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         summary, figures = sweep_and_plot(base, policies, rates, seeds, grid, args.out, args.workers, args.cluster,
                                           args.cluster_flag, args.quiet, finish)
     print_table(summary, axes=list(grid))
+    payoffs = payoff_lines(summary, axes=list(grid))
+    if payoffs:
+        print(f"where each policy pays against no-spec, by {TABLE_METRICS[SWEEP_METRIC][0]}:")
+        print("\n".join(f"  {line}" for line in payoffs))
     warn_sweep(summary)
     print(f"summary: {out / 'summary.csv'}")
     for f in figures:
