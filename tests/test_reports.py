@@ -347,13 +347,11 @@ def test_a_real_validate_run_on_the_tiny_pair_writes_its_report_last(tmp_path):
     out = tmp_path / "v"
     out.mkdir()
     (out / "report.html").write_text("an older run's")
-    torch = pytest.importorskip("torch")
-    try:
-        run("validate", "--pair", "tiny", "--profile", str(profile), "--acceptance-trace", str(trace), "--rates",
-            "40,150", "--policies", "no-spec,fixed-k:2", "--num-requests", "8", "--output-len", "8", "--max-num-seqs",
-            "4", "--sim-seeds", "1", "--floor-draws", "1", "--probe-every", "0", "--out", str(out))
-    finally:  # validate flushes subnormal floats to zero on the CPU (process-wide): later tests (hypothesis) need them
-        torch.set_flush_denormal(False)
+    pytest.importorskip("torch")
+    # validate flushes subnormal floats to zero on the CPU (process-wide): conftest's fixture restores it
+    run("validate", "--pair", "tiny", "--profile", str(profile), "--acceptance-trace", str(trace), "--rates",
+        "40,150", "--policies", "no-spec,fixed-k:2", "--num-requests", "8", "--output-len", "8", "--max-num-seqs",
+        "4", "--sim-seeds", "1", "--floor-draws", "1", "--probe-every", "0", "--out", str(out))
     text = page(out / "report.html")
     assert len(DATA_URI.findall(text)) == 1 and "validate.png" in text
     assert "validate: tiny, real engine against the simulator" in text and "mean_latency" in text
