@@ -68,9 +68,9 @@ from policies.errors import FlagParser, UserError, warn_user
 from policies.step_time import predict_step_seconds
 from profiles.analytical import GPUS, Deployment, Efficiency, analytical_profile, draft_for
 from profiles.grid import Grid, powers_of_two
-from simulator.config import SimConfig, rate_to_json
+from simulator.config import FIELDS, SimConfig, flag_value, rate_to_json
 from simulator.costs.cost_model import CostModel, fit_cost_model
-from simulator.costs.profile_table import DEPLOYMENT_SETTINGS, ProfileTable, write_profile
+from simulator.costs.profile_table import DEPLOYMENT_SETTINGS, ProfileTable, calibration_settings, write_profile
 from simulator.inputs.workload import Workload
 from simulator.studies import vllm_io
 
@@ -546,7 +546,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fit", default=",".join(PARAMETERS),
                         help=f"parameters to fit, comma-separated, of {', '.join(PARAMETERS)} (default: all)")
     parser.add_argument("--start", help="take the parameters not fitted (and the fit's start) from this earlier "
-                                        "calibrated profile (.csv or .meta.json)")
+                                        "calibrated profile (.csv or .meta.json), and the vLLM settings it records "
+                                        "as defaults of the settings flags below")
     parser.add_argument("--max-evals", type=int, default=300, help="simulations of the file set per fit (default 300)")
     parser.add_argument("--out", required=True, help="the profile CSV to write (its .meta.json beside it)")
     settings = parser.add_argument_group("the vLLM settings the results ran with (simulate's flags of the same names; "
@@ -587,9 +588,16 @@ def main(argv: list[str]) -> int:
         return 0
     if not args.results:
         raise UserError("calibrate: give one or more vllm bench serve --save-result JSON files (or --transfer-from)")
-    given = {name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}
-    base = SimConfig.of(arrival="trace", trace="-", rate=None, **{
-        name: value if isinstance(value, bool) else parse_field_value(name, value) for name, value in given.items()})
+    given = {name: value if isinstance(value, bool) else parse_field_value(name, value)
+             for name in SETTINGS if (value := getattr(args, name)) is not None}
+    if args.start:  # the earlier calibration's vLLM settings, as the simulator's commands take a profile's
+        inherited = {k: v for k, v in calibration_settings(args.start).items() if k not in given}
+        shown = [flag_value(k, v) for k, v in inherited.items() if v != FIELDS[k].default]
+        if shown:
+            print(f"--start {args.start}: vLLM settings of its calibration, taken as defaults (a flag overrides "
+                  "them): " + ", ".join(shown))
+        given = {**inherited, **given}
+    base = SimConfig.of(arrival="trace", trace="-", rate=None, **given)
     start = read_start(args.start) if args.start else Calibration()
     block = calibrate(args.results, dep, base, out, names, start, args.max_evals)
     summary = block["held_out_summary"]

@@ -283,3 +283,15 @@ def test_a_mixed_fleet_takes_the_settings_its_profiles_agree_on_and_none_where_t
     assert engine_of(tmp_path / "same")["max_num_seqs"] == 1024
     assert "--replicas: its profiles were calibrated with different vLLM settings; none taken as defaults" in differ
     assert engine_of(tmp_path / "differ")["max_num_seqs"] == 256
+
+
+def test_a_calibration_started_from_another_takes_its_settings_unless_a_flag_gives_one(tmp_path, capsys):
+    from simulator.costs.profile_table import calibration_settings
+
+    out = tmp_path / "refit.csv"
+    assert run_sim.main(["calibrate", str(burst_result(tmp_path, 12, 0)), "--start", CALIBRATED, "--fit",
+                         "pass_overhead_s", "--max-evals", "1", "--max-num-seqs", "512", "--gpu", "h100-80gb",
+                         "--target", "llama-3.1-8b", "--out", str(out)]) == 0
+    assert calibration_settings(out) == {**calibration_settings(CALIBRATED), "max_num_seqs": 512}
+    assert capsys.readouterr().out.startswith(f"--start {CALIBRATED}: vLLM settings of its calibration, taken as "
+                                              "defaults (a flag overrides them): --max-num-batched-tokens 2048, ")

@@ -161,14 +161,16 @@ DEPLOYMENT_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "
 
 
 def calibration_settings(path: str | os.PathLike) -> dict[str, Any]:
-    """The vLLM settings the profile ``path`` was calibrated with (:data:`DEPLOYMENT_SETTINGS` its metadata's
-    ``calibration.settings`` records, JSON lists as tuples); empty for any other profile (a coefficient JSON, a CSV
-    without metadata or calibration). An unreadable metadata file says nothing here: loading the profile reports it."""
+    """The vLLM settings the profile ``path`` (its CSV, or its ``.meta.json``) was calibrated with
+    (:data:`DEPLOYMENT_SETTINGS` its metadata's ``calibration.settings`` records, JSON lists as tuples); empty for any
+    other profile (a coefficient JSON, a CSV without metadata or calibration). An unreadable metadata file says nothing
+    here: loading the profile reports it."""
     p = Path(path)
-    if p.suffix.lower() != ".csv" or not meta_path(p).is_file():
+    meta_file = p if p.name.lower().endswith(".meta.json") else meta_path(p) if p.suffix.lower() == ".csv" else None
+    if meta_file is None or not meta_file.is_file():
         return {}
     try:
-        meta = json.loads(meta_path(p).read_text())
+        meta = json.loads(meta_file.read_text())
     except (OSError, ValueError):
         return {}
     calibration = meta.get("calibration") if isinstance(meta, dict) else None

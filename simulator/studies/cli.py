@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable
 
 from policies.errors import EXIT_USER_ERROR, FlagParser, UserError, one_line_warnings
 from policies.tree import tree_nodes
-from simulator.config import CONCERN_OF, CONCERNS, FIELDS, SimConfig, align_proposer, flags_of, flat_fields
+from simulator.config import (CONCERN_OF, CONCERNS, FIELDS, SimConfig, align_proposer, flag_value, flags_of,
+                              flat_fields)
 from simulator.studies.compare import read_result_csv as _read_result_csv, warn_saturated
 from simulator.studies.specs import (field_kind, parse_field_value, parse_goodput, parse_grid, parse_policy_list,
                                      parse_policy_params, parse_rates, parse_seeds, parse_slo)
@@ -163,22 +164,12 @@ def calibrated_config(args: argparse.Namespace, runs: Callable[[SimConfig], Iter
             taken["num_scheduler_steps"] = steps
     if taken:
         print(f"{name}: vLLM settings of the calibration, taken as defaults (a flag overrides them): "
-              + ", ".join(_setting(k, v) for k, v in taken.items()))
+              + ", ".join(flag_value(k, v) for k, v in taken.items()))
     if overridden:
-        print(f"{name}: calibrated with " + ", ".join(_setting(k, recorded[k]) for k in overridden) + "; "
-              + ", ".join(_setting(k, v) for k, v in overridden.items())
+        print(f"{name}: calibrated with " + ", ".join(flag_value(k, recorded[k]) for k in overridden) + "; "
+              + ", ".join(flag_value(k, v) for k, v in overridden.items())
               + f" given override{'s it' if len(overridden) == 1 else ' them'}")
     return base
-
-
-def _setting(name: str, value: Any) -> str:
-    """``--flag value`` of a config field, a long list shortened (``1,2,4,...,256 (35 sizes)``)."""
-    if isinstance(value, tuple):
-        shown = ",".join(map(str, value)) if len(value) <= 6 else \
-            ",".join(map(str, value[:4])) + f",...,{value[-1]} ({len(value)} sizes)"
-    else:
-        shown = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
-    return f"{flags_of(name)[0]} {shown}"
 
 
 def config_data(args: argparse.Namespace, **defaults: Any) -> tuple[dict[str, Any], set[str]]:
