@@ -107,7 +107,8 @@ from profiles.architectures.precision import (WEIGHT_BYTES, WEIGHT_CHOICES, chec
                                               kind_precisions)
 from profiles.architectures.sliding import attended_context, held_tokens
 from profiles.grid import GPU_GRID, Grid
-from policies.errors import UserError, exit_on_user_error
+from profiles.models.config import HEAD_SHAPES, read_model_config
+from policies.errors import FlagParser, UserError, exit_on_user_error
 from simulator.costs.profile_table import VERIFICATIONS
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -549,15 +550,45 @@ def fit_efficiency(measured: list[tuple[str, str, pd.DataFrame]], gpu_key: str =
     return efficiency(minimize(loss, x0, method="Nelder-Mead", options={"maxiter": 600}).x)
 
 
+# -- the command line ----------------------------------------------------------------------------------------------
+#: The draft model a shipped target is paired with when ``--draft`` is not given, here and in ``run_sim.py
+#: calibrate``: the smallest shipped whole model of the target's tokenizer (Llama 2's, Llama 3's). A target not listed
+#: (Qwen2.5-7B, whose 152,064-token vocabulary no shipped small model has; a config file) needs ``--draft``; a draft
+#: head (``eagle3-llama-3.1-8b``, ...) is given as one.
+DEFAULT_DRAFTS = {"llama-2-7b": "llama-68m", "llama-3.1-8b": "llama-3.2-1b", "llama-3.1-70b": "llama-3.2-1b"}
+
+
+def draft_for(target: str, draft: str | None) -> str:
+    """``draft``, or ``target``'s default (:data:`DEFAULT_DRAFTS`), checked to propose in the target's vocabulary: a
+    draft model samples token ids the target verifies, so their vocabularies must be one (vLLM v0 asserts equal
+    vocabulary sizes, ``SpecDecodeWorker._vocab_size`` in vllm/spec_decode/spec_decode_worker.py). A draft head's
+    vocabulary is checked where it is priced (:meth:`Architecture.head_on`). One :class:`UserError` line otherwise."""
+    if draft is None:
+        if target not in DEFAULT_DRAFTS:
+            raise UserError(f"--draft: --target {target} has no default draft (the shipped targets' are "
+                            f"{', '.join(f'{t}: {d}' for t, d in DEFAULT_DRAFTS.items())}); give --draft, a model of "
+                            "its tokenizer or a draft head")
+        draft = DEFAULT_DRAFTS[target]
+    _, target_config = read_model_config(target, "--target")
+    _, draft_config = read_model_config(draft, "--draft", head_ok=True)
+    mine, theirs = draft_config.get("vocab_size"), target_config.get("vocab_size")
+    if "speculative_method" not in draft_config and mine != theirs:
+        hint = f" (the default for {target}: {DEFAULT_DRAFTS[target]})" if target in DEFAULT_DRAFTS else ""
+        raise UserError(f"--draft {draft}: its vocabulary of {mine} tokens is not the target {target}'s {theirs}: a draft "
+                        "model proposes the target's token ids, so it must share its tokenizer, and vLLM refuses "
+                        f"unequal vocabulary sizes; give --draft a model of the target's tokenizer{hint}")
+    return draft
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m profiles.analytical", description=__doc__.splitlines()[0],
-                                     allow_abbrev=False)
+    parser = FlagParser(prog="python -m profiles.analytical", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(DATA_DIR),
                         help="folder for the shipped profiles (default profiles/data), or with --gpu the CSV to write")
     parser.add_argument("--gpu", help=f"make one profile for this GPU ({', '.join(GPUS)}) instead of the shipped set")
     parser.add_argument("--target", default="llama-2-7b", help="target model config (shipped name or path)")
-    parser.add_argument("--draft", default="llama-68m", help="draft model config (shipped name or path), or a draft "
-                                                             "head's (eagle3-llama-3.1-8b, eagle-llama-3.1-8b, mtp)")
+    parser.add_argument("--draft", help="draft model config (shipped name or path) of the target's tokenizer, or a "
+                                        "draft head's (eagle3-llama-3.1-8b, eagle-llama-3.1-8b, mtp) (default: the "
+                                        "target's, DEFAULT_DRAFTS: llama-68m for llama-2-7b, llama-3.2-1b for Llama 3)")
     parser.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
                         help="tensor-parallel degree of the target (vLLM's --tensor-parallel-size; default 1)")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree: 1, or --tp to spread the experts "
@@ -582,8 +613,8 @@ def main(argv: list[str]) -> int:
         raise UserError(f"--enable-expert-parallel: spreads the experts over the --tp {args.tp} GPUs; --ep {args.ep} "
                         "says otherwise")
     ep = args.tp if args.enable_expert_parallel else args.ep
-    dep = Deployment(args.gpu, args.target, args.draft, args.tp, args.verification, args.weights, args.draft_weights,
-                     ep, args.routing_gini)
+    dep = Deployment(args.gpu, args.target, draft_for(args.target, args.draft), args.tp, args.verification,
+                     args.weights, args.draft_weights, ep, args.routing_gini)
     frame, meta = analytical_profile(dep, GPU_GRID)
     out = Path(args.out)
     if out.is_dir():

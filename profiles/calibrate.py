@@ -30,13 +30,30 @@ and no output tokens; TPOT only over outputs longer than one token.
 
 Held-out error: each file is predicted by the parameters fitted to the other files alone (leave-one-file-out,
 every fit started from the same defaults), and the metadata records each file's simulated and measured
-:data:`TARGET_FIGURES` and their relative errors; the shipped profile is the fit to all files. With
+:data:`TARGET_FIGURES` and their relative errors; the shipped profile is the fit to all files. One file holds nothing
+out: no held-out error is printed, and the metadata says so. With
 ``--start META.json`` the parameters not named by ``--fit`` are taken from an earlier calibration (e.g. a 70B
 deployment's two files refit what differs from the 8B deployment calibrated on the same GPU and vLLM).
+
+What the files must hold to identify the parameters fitted (:func:`identification_gaps`; a calibration that misses
+one still runs, and warns in one line, since its fit and held-out error are then not to be trusted): at least as many
+files as parameters fitted, and for each parameter a file whose workload exercises it:
+
+- ``compute``: a file that measured TTFT (prefill steps);
+- ``bandwidth``: a file that measured TPOT or ITL (decode steps);
+- ``pass_overhead_s`` and ``step_per_seq_s`` fitted together: a file at a small batch (at most
+  :data:`SMALL_BATCH` requests in flight) and one at a large batch (at least :data:`LARGE_BATCH`): the one is paid
+  per step, the other per step and sequence, and only the batch size tells them apart;
+- ``frontend_s``: a burst, at least :data:`BURST_REQUESTS` requests sent at t = 0 (``request_rate`` inf, no
+  ``max_concurrency`` below that): the API server's seconds per request add up across a burst's first tokens and
+  nowhere else.
+
+Requests in flight: a burst's requests (capped by ``max_concurrency``); at a finite rate, Little's law on the file's own
+figures, request rate x mean E2E latency (capped likewise). The thresholds are rules of thumb from the shipped runs
+(``profiles/data/vllm_lambda/``: 10 prompts pin the small-batch TPOT, 640 the large-batch one and the API server).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -47,13 +64,13 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from policies.errors import UserError
+from policies.errors import FlagParser, UserError, warn_user
 from policies.step_time import predict_step_seconds
-from profiles.analytical import GPUS, Deployment, Efficiency, analytical_profile
+from profiles.analytical import GPUS, Deployment, Efficiency, analytical_profile, draft_for
 from profiles.grid import Grid, powers_of_two
-from simulator.config import SimConfig, rate_to_json
+from simulator.config import FIELDS, SimConfig, flag_value, rate_to_json
 from simulator.costs.cost_model import CostModel, fit_cost_model
-from simulator.costs.profile_table import ProfileTable, write_profile
+from simulator.costs.profile_table import DEPLOYMENT_SETTINGS, ProfileTable, calibration_settings, write_profile
 from simulator.inputs.workload import Workload
 from simulator.studies import vllm_io
 
@@ -232,14 +249,59 @@ def figure_rows(result: Result, simulated: dict[str, float]) -> list[dict[str, A
              "relative_error": e} for k, e in relative_errors(simulated, result.measured, TARGET_FIGURES).items()]
 
 
+#: Requests in flight at most for a file to pin the small-batch step (module docstring).
+SMALL_BATCH = 16
+#: Requests in flight at least for a file to pin the large-batch step (module docstring).
+LARGE_BATCH = 256
+#: Requests sent at t = 0 at least for a file to pin the API server's seconds per request (module docstring).
+BURST_REQUESTS = 100
+
+
+def in_flight(result: Result) -> float:
+    """Requests ``result``'s run held in flight (module docstring): a burst's, else request rate x mean E2E latency
+    (Little's law), capped by its requests and its ``max_concurrency``."""
+    n = len(result.workload.prompt_tokens)
+    cap = min(n, result.data["max_concurrency"] or n)
+    rate = result.data["request_rate"]
+    if math.isinf(rate):
+        return float(cap)
+    e2el = result.measured.get("mean_e2el_ms") or vllm_io.vllm_figures(result.data).get("mean_e2el_ms")
+    return min(float(cap), rate * e2el / 1e3) if e2el else float(cap)
+
+
+def identification_gaps(results: Sequence[Result], names: Sequence[str]) -> list[str]:
+    """What ``results`` lack to identify the parameters ``names`` (module docstring), one phrase each; empty: nothing."""
+    gaps = []
+    if len(results) < len(names):
+        gaps.append(f"fewer files ({len(results)}) than parameters fitted ({len(names)})")
+    measured = [vllm_io.vllm_figures(r.data) | r.measured for r in results]
+    if "compute" in names and not any("mean_ttft_ms" in m for m in measured):
+        gaps.append("no file measured TTFT, which compute is fitted to")
+    if "bandwidth" in names and not any("median_tpot_ms" in m or "median_itl_ms" in m for m in measured):
+        gaps.append("no file measured TPOT or ITL, which bandwidth is fitted to")
+    flights = [in_flight(r) for r in results]
+    if "pass_overhead_s" in names and "step_per_seq_s" in names:
+        if not any(f <= SMALL_BATCH for f in flights):
+            gaps.append(f"no file at a small batch (at most {SMALL_BATCH} requests in flight) to pin pass_overhead_s")
+        if not any(f >= LARGE_BATCH for f in flights):
+            gaps.append(f"no file at a large batch (at least {LARGE_BATCH} requests in flight) to pin step_per_seq_s")
+    bursts = [r for r, f in zip(results, flights) if math.isinf(r.data["request_rate"]) and f >= BURST_REQUESTS]
+    if "frontend_s" in names and not bursts:
+        gaps.append(f"no burst of at least {BURST_REQUESTS} requests sent at t = 0 (request_rate inf) to pin "
+                    "frontend_s")
+    return gaps
+
+
 def held_out(fitter: Fitter, names: Sequence[str], start: Calibration, max_evals: int,
              log: Any = None) -> list[dict[str, Any]]:
     """Leave-one-file-out: each file's :data:`TARGET_FIGURES` predicted by the fit to the others
-    (:func:`figure_rows`)."""
-    rows = []
+    (:func:`figure_rows`); none with one file (nothing to hold out)."""
+    rows: list[dict[str, Any]] = []
+    if len(fitter.results) < 2:
+        return rows
     for i, result in enumerate(fitter.results):
         others = fitter.results[:i] + fitter.results[i + 1:]
-        cal = fitter.fit(start, names, others, max_evals) if others else start
+        cal = fitter.fit(start, names, others, max_evals)
         predicted = figure_rows(result, simulated_figures(result, fitter.base, fitter.cost(cal, CALIBRATION_GRID)))
         rows += predicted
         if log:
@@ -250,12 +312,21 @@ def held_out(fitter: Fitter, names: Sequence[str], start: Calibration, max_evals
 
 def calibrate(paths: Sequence[str], dep: Deployment, base: SimConfig, out: Path, names: Sequence[str],
               start: Calibration, max_evals: int, log: Any = print) -> dict[str, Any]:
-    """Fit, measure the held-out error, write the profile; returns its metadata's ``calibration`` block."""
+    """Fit, measure the held-out error, write the profile; returns its metadata's ``calibration`` block. Files that
+    cannot identify what is fitted (:func:`identification_gaps`) give one :class:`policies.errors.InputWarning`."""
     results = read_results(paths, base.run.seed)
     fitter = Fitter(dep, base, results)
+    gaps = identification_gaps(results, names)
+    if gaps:
+        warn_user(f"calibrate: these {len(results)} file(s) cannot identify the {len(names)} parameter(s) fitted: "
+                  + "; ".join(gaps) + ": the fit and its held-out error are not to be trusted (add such runs, or fit "
+                  "fewer parameters with --start and --fit)")
     log(f"calibrating {', '.join(names) or 'nothing'} on {len(results)} file(s) of {dep.target} on "
         f"{dep.tp} x {dep.gpu_key}")
     rows = held_out(fitter, names, start, max_evals, log)
+    if len(results) < 2:
+        log("nothing held out: with one file there is no other to fit and predict it from (give two or more files "
+            "for a held-out error)")
     cal = fitter.fit(start, names, results, max_evals)
     cost = fitter.cost(cal, CALIBRATION_GRID)
     fitted = [row for result in results for row in figure_rows(result, simulated_figures(result, base, cost))]
@@ -275,7 +346,9 @@ def calibrate(paths: Sequence[str], dep: Deployment, base: SimConfig, out: Path,
         "held_out": rows,
         "held_out_summary": {"median_abs_error": float(np.median(errors)) if errors else None,
                              "max_abs_error": float(max(errors)) if errors else None,
-                             "method": "leave-one-file-out: each file predicted by the fit to the others"},
+                             "method": "leave-one-file-out: each file predicted by the fit to the others"
+                             if len(results) > 1 else "nothing held out: one file"},
+        "identification_gaps": gaps,
         "in_sample": fitted,
         "loss_figures": list(LOSS_FIGURES),
     }
@@ -287,9 +360,9 @@ def calibrate(paths: Sequence[str], dep: Deployment, base: SimConfig, out: Path,
     return block
 
 
-#: The config fields that describe the vLLM deployment (recorded in the profile's metadata).
-SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_utilization", "scheduler",
-            "num_scheduler_steps", "cuda_graph_sizes", "enable_prefix_caching", "num_gpu_blocks")
+#: The config fields that describe the vLLM deployment, recorded in the profile's metadata (``calibration.settings``)
+#: and taken from it as defaults by the simulator's commands.
+SETTINGS = DEPLOYMENT_SETTINGS
 
 
 def parameters(cal: Calibration) -> dict[str, float]:
@@ -483,8 +556,7 @@ def read_start(path: str, flag: str = "--start") -> Calibration:
 def main(argv: list[str]) -> int:
     from simulator.studies.specs import parse_field_value
 
-    parser = argparse.ArgumentParser(prog="run_sim.py calibrate", description=__doc__.splitlines()[0],
-                                     allow_abbrev=False)
+    parser = FlagParser(prog="run_sim.py calibrate", description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="*", help="vllm bench serve --save-result JSON files of one deployment")
     parser.add_argument("--transfer-from", metavar="PROFILE", help="fit nothing: write the deployment's profile with "
                                                                    "this calibrated profile's parameters (another GPU "
@@ -495,14 +567,17 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--gpu", required=True, help=f"the deployment's GPU: {', '.join(GPUS)}")
     parser.add_argument("--target", required=True, help="the served model's config (a shipped name such as "
                                                         "llama-3.1-8b, or a config.json path)")
-    parser.add_argument("--draft", default="llama-3.2-1b", help="a draft model priced by the same calibrated model, "
-                                                                "for speculation what-ifs (default llama-3.2-1b)")
+    parser.add_argument("--draft", help="a draft model of the target's tokenizer (or a draft head) priced by the same "
+                                        "calibrated model, for speculation what-ifs (default: the target's, as "
+                                        "python -m profiles.analytical pairs it: llama-3.2-1b for Llama 3, llama-68m "
+                                        "for llama-2-7b)")
     parser.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
                         help="tensor-parallel degree of the deployment (vLLM's --tensor-parallel-size; default 1)")
     parser.add_argument("--fit", default=",".join(PARAMETERS),
                         help=f"parameters to fit, comma-separated, of {', '.join(PARAMETERS)} (default: all)")
     parser.add_argument("--start", help="take the parameters not fitted (and the fit's start) from this earlier "
-                                        "calibrated profile (.csv or .meta.json)")
+                                        "calibrated profile (.csv or .meta.json), and the vLLM settings it records "
+                                        "as defaults of the settings flags below")
     parser.add_argument("--max-evals", type=int, default=300, help="simulations of the file set per fit (default 300)")
     parser.add_argument("--out", required=True, help="the profile CSV to write (its .meta.json beside it)")
     settings = parser.add_argument_group("the vLLM settings the results ran with (simulate's flags of the same names; "
@@ -521,7 +596,7 @@ def main(argv: list[str]) -> int:
             raise UserError(f"--fit: unknown parameter {n!r} (one of {', '.join(PARAMETERS)})")
     if args.max_evals < 1:
         raise UserError(f"--max-evals: must be >= 1 (got {args.max_evals})")
-    dep = Deployment(args.gpu, args.target, args.draft, args.tp)
+    dep = Deployment(args.gpu, args.target, draft_for(args.target, args.draft), args.tp)
     out = Path(args.out)
     if out.suffix.lower() != ".csv":
         raise UserError(f"--out {out}: the profile is a .csv (its .meta.json is written beside it)")
@@ -543,9 +618,16 @@ def main(argv: list[str]) -> int:
         return 0
     if not args.results:
         raise UserError("calibrate: give one or more vllm bench serve --save-result JSON files (or --transfer-from)")
-    given = {name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}
-    base = SimConfig.of(arrival="trace", trace="-", rate=None, **{
-        name: value if isinstance(value, bool) else parse_field_value(name, value) for name, value in given.items()})
+    given = {name: value if isinstance(value, bool) else parse_field_value(name, value)
+             for name in SETTINGS if (value := getattr(args, name)) is not None}
+    if args.start:  # the earlier calibration's vLLM settings, as the simulator's commands take a profile's
+        inherited = {k: v for k, v in calibration_settings(args.start).items() if k not in given}
+        shown = [flag_value(k, v) for k, v in inherited.items() if v != FIELDS[k].default]
+        if shown:
+            print(f"--start {args.start}: vLLM settings of its calibration, taken as defaults (a flag overrides "
+                  "them): " + ", ".join(shown))
+        given = {**inherited, **given}
+    base = SimConfig.of(arrival="trace", trace="-", rate=None, **given)
     start = read_start(args.start) if args.start else Calibration()
     block = calibrate(args.results, dep, base, out, names, start, args.max_evals)
     summary = block["held_out_summary"]
@@ -553,6 +635,8 @@ def main(argv: list[str]) -> int:
     if summary["median_abs_error"] is not None:
         print(f"held-out error over {len(block['held_out'])} figures: median {summary['median_abs_error']:.1%}, "
               f"worst {summary['max_abs_error']:.1%}")
+    else:
+        print(f"held-out error: none ({summary['method']})")
     print(f"profile: {out}")
     return 0
 

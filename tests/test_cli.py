@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -121,6 +122,23 @@ def test_a_user_error_from_the_real_process_has_no_traceback(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == "error: config: --rate must be > 0, got -3.0"
+
+
+def test_a_warning_from_the_real_process_is_one_line_naming_the_input_not_a_source_file(tmp_path):
+    """The session router without session keys, and a profile asked far beyond its grid: each warning one line
+    naming the flag (``--router``, ``--profile FILE``), never ``fleet.py:538: UserWarning``."""
+    grid = REPO / "profiles" / "data" / "example_grid.csv"
+    done = subprocess.run([sys.executable, str(REPO / "run_sim.py"), "simulate", "--rate", "4", "--num-requests", "6",
+                           "--replicas", "2", "--router", "session", "--profile", str(grid), "--fitter", "interp",
+                           "--prompt-len", "9000", "--max-num-batched-tokens", "9000", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "SPECSIM_CACHE_DIR":
+                                                                            str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[0] == ("warning: --router session: the workload has no session key (no prompt_id column; Mooncake's "
+                        "trace has none): every request is routed round robin")
+    assert lines[1].startswith(f"warning: --profile {grid}: target prefill asked at batch_size=1, prompt_len=9000 ")
+    assert all(line.startswith("warning: ") for line in lines) and ".py:" not in done.stderr
 
 
 def test_policy_file_registers_a_user_policy(capsys, cost_json, tmp_path, every_other_policy):

@@ -815,7 +815,7 @@ def main(argv: list[str]) -> int:
                   for key, value in PRESETS[args.preset].items()}
         parser.set_defaults(**preset)
         args = parser.parse_args(argv)
-    check_out_dir(args.out)  # before the long runs: --out "" or a file is found now
+    check_out_dir(args.out, kind="validate")  # before the long runs: --out "" or a file is found now
     settings = ValidateSettings(pair=args.pair, rates=_floats("--rates", args.rates),
                                 policies=parse_policies(args.policies),
                                 num_requests=args.num_requests,

@@ -37,6 +37,7 @@ Fitted models are cached (see :func:`load_cost_model`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import itertools
@@ -46,14 +47,14 @@ import os
 import warnings
 from bisect import bisect_right
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from simulator.costs import profile_table
 from simulator.config import FITTERS
 from policies.draft_head import DEFAULT_DRAFT_METHOD, HEAD_METHODS
-from policies.errors import UserError
+from policies.errors import InputWarning, UserError
 from simulator.costs.profile_table import (BATCH_LAYOUTS, VERIFICATIONS, Memory, ProfileTable, meta_path, read_json,
                                            read_profile, write_atomic)
 
@@ -123,6 +124,8 @@ class CostModel:
     ``mtp``; a profile's metadata ``draft.speculative_method``); a simulation's speculative method must match it."""
     source: str
     path: str
+    flag: str = "--profile"
+    """The flag that named :attr:`path`, for warnings (the runner sets ``--policy-profile`` on the policy's own)."""
     memory: Memory | None
     fit_error: list[dict] | None
 
@@ -495,17 +498,17 @@ class LinearCostModel(CostModel):
             + per_seq * batch_size
 
     def _warn_far(self, block: str, batch_size: int, per_seq: float) -> None:
-        """Warn once per block about a query far outside the profiled grid."""
-        if block in self._warned:
+        """Warn once per block about a query far outside the profiled grid (not while :func:`probing`)."""
+        if block in self._warned or _PROBES:
             return
         self._warned.add(block)
         role, phase = next(rp for rp, b in BLOCKS.items() if b == block)
         axes = AXES[KIND[block]]
         ranges = ", ".join(f"{axis} {nodes[0]:g}..{nodes[-1]:g}"
                            for axis, nodes in zip(axes, self._grid[block]) if axis != "query_len")
-        warnings.warn(f"{self.path}: {role} {phase} asked at batch_size={batch_size:g}, {axes[-1]}={per_seq:g} "
-                      f"per sequence, more than {FAR:g}x beyond the profiled grid ({ranges}); extrapolating",
-                      stacklevel=3)
+        warnings.warn(f"{self.flag} {self.path}: {role} {phase} asked at batch_size={batch_size:g}, "
+                      f"{axes[-1]}={per_seq:g} per sequence, more than {FAR:g}x beyond the profiled grid ({ranges}); "
+                      "extrapolating", InputWarning, stacklevel=3)
 
     # -- serialisation -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -738,6 +741,22 @@ def _fill_table(kind: str, rows: pd.DataFrame, nodes: tuple[tuple[float, ...], .
         holes = np.isnan(values)
         values[holes] = _linear(kind, coef, mesh[holes].T)
     return [float(v) for v in values.ravel()]
+
+
+#: Open :func:`probing` blocks (a list, so that they nest).
+_PROBES: list[None] = []
+
+
+@contextlib.contextmanager
+def probing() -> Iterator[None]:
+    """Inside the block, a query far beyond a model's grid neither warns nor counts as warned: a check's probes of
+    the largest shapes a config allows (:func:`simulator.core.runner.check_costs`) are not the run's own
+    extrapolation, which then still warns when the run asks it."""
+    _PROBES.append(None)
+    try:
+        yield
+    finally:
+        _PROBES.pop()
 
 
 def _far_limits(nodes: tuple[tuple[float, ...], ...] | None) -> tuple[float, float]:

@@ -169,6 +169,35 @@ class ProfileTable:
         return Memory.from_dict(self.meta["memory"], f"{meta_path(self.path)}: memory")
 
 
+#: The config fields that describe a vLLM deployment: what a profile calibrated to its results records as the settings
+#: its results ran with (``calibration.settings`` of its metadata, :mod:`profiles.calibrate`; a transfer keeps its
+#: source's), and what ``simulate``, ``sweep``, ``compare`` and ``tune`` take from such a profile as defaults
+#: (:func:`calibration_settings`).
+DEPLOYMENT_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_utilization", "scheduler",
+                       "num_scheduler_steps", "cuda_graph_sizes", "enable_prefix_caching", "num_gpu_blocks")
+
+
+def calibration_settings(path: str | os.PathLike) -> dict[str, Any]:
+    """The vLLM settings the profile ``path`` (its CSV, or its ``.meta.json``) was calibrated with
+    (:data:`DEPLOYMENT_SETTINGS` its metadata's ``calibration.settings`` records, JSON lists as tuples); empty for any
+    other profile (a coefficient JSON, a CSV without metadata or calibration). An unreadable metadata file says nothing
+    here: loading the profile reports it."""
+    p = Path(path)
+    meta_file = p if p.name.lower().endswith(".meta.json") else meta_path(p) if p.suffix.lower() == ".csv" else None
+    if meta_file is None or not meta_file.is_file():
+        return {}
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError):
+        return {}
+    calibration = meta.get("calibration") if isinstance(meta, dict) else None
+    settings = calibration.get("settings") if isinstance(calibration, dict) else None
+    if not isinstance(settings, dict):
+        return {}
+    return {name: tuple(value) if isinstance(value, list) else value for name, value in settings.items()
+            if name in DEPLOYMENT_SETTINGS}
+
+
 def meta_path(path: str | os.PathLike) -> Path:
     """The metadata file beside a profile CSV: ``dir/x.csv`` -> ``dir/x.meta.json``."""
     p = Path(path)

@@ -518,10 +518,11 @@ def tree_family(config: SpeculativeConfig) -> TreeFamily | None:
 def read_rank_table(path: str) -> RankTable:
     """Read a CSV of acceptance by depth and rank ``depth,rank,probability`` (extra columns ignored; ``profile
     --acceptance`` writes it): ``probability`` is q[depth][rank], the probability that the target's token at that depth
-    (1, 2, ...) is the draft's candidate of that rank (0 = its most likely), given the path above was accepted. Ranks
-    not given are 0; depths past the last repeat it. Bad input stops with one line naming the file, the line and the
-    value: depths not 1..D without gaps, ranks not whole numbers >= 0, a (depth, rank) given twice, probabilities
-    outside [0, 1] or summing to more than 1 at a depth."""
+    (1, 2, ...) is the draft's candidate of that rank (0 = its most likely), given the path above was accepted. Depths
+    past the last repeat it. Bad input stops with one line naming the file, the line and the value: depths not 1..D
+    without gaps, ranks of a depth not 0..R without gaps (a rank never accepted is a row of probability 0, not a
+    missing row: a gap is more likely a lost line than a measured 0), ranks not whole numbers >= 0, a (depth, rank)
+    given twice, probabilities outside [0, 1] or summing to more than 1 at a depth."""
     _, columns = read_table(path, {"ranks": RANK_COLUMNS})
     depth = whole_numbers(path, columns["depth"], 1)
     rank = whole_numbers(path, columns["rank"], 0)
@@ -537,7 +538,11 @@ def read_rank_table(path: str) -> RankTable:
     require(not missing, f"{path}: depth {missing[0] if missing else 0} has no row (depths must run 1..{depths})")
     rows = []
     for d in range(1, depths + 1):
-        row = [0.0] * (int(rank[depth == d].max()) + 1)
+        ranks = set(rank[depth == d].tolist())
+        gap = min(set(range(max(ranks) + 1)) - ranks, default=None)
+        require(gap is None, f"{path}: depth {d} has no row of rank {gap} (ranks of a depth must run 0..{max(ranks)}; "
+                             "give a rank never accepted probability 0)")
+        row = [0.0] * (max(ranks) + 1)
         for r, p in zip(rank[depth == d].tolist(), prob[depth == d].tolist()):
             row[r] = p
         require(sum(row) <= 1.0 + 1e-9, f"{path}: the probabilities of depth {d} sum to {sum(row):g}, more than 1")
