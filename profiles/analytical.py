@@ -562,7 +562,9 @@ def draft_for(target: str, draft: str | None) -> str:
     """``draft``, or ``target``'s default (:data:`DEFAULT_DRAFTS`), checked to propose in the target's vocabulary: a
     draft model samples token ids the target verifies, so their vocabularies must be one (vLLM v0 asserts equal
     vocabulary sizes, ``SpecDecodeWorker._vocab_size`` in vllm/spec_decode/spec_decode_worker.py). A draft head's
-    vocabulary is checked where it is priced (:meth:`Architecture.head_on`). One :class:`UserError` line otherwise."""
+    vocabulary is checked where it is priced (:meth:`Architecture.head_on`). One :class:`UserError` line otherwise
+    (the target's first: a model type the roofline does not read is refused before any draft is looked for)."""
+    Architecture.from_config(target, "--target")
     if draft is None:
         if target not in DEFAULT_DRAFTS:
             raise UserError(f"--draft: --target {target} has no default draft (the shipped targets' are "

@@ -49,6 +49,7 @@ KIND_NAME = ".specsim-kind"
 RESULT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
     "replay": ("compare's replay of a vLLM result", ("replayed_workload.csv",)),
     "tune": ("tune", ("tune.csv",)),
+    "advise": ("advise study", ("advice.json", "ranking.csv")),
     "run": ("simulate run", ("summary.json", "requests.csv", "requests.parquet")),
     "sweep": ("sweep", ("summary.csv", "runs")),
     "compare": ("compare", ("compare.csv",)),

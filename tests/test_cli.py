@@ -25,7 +25,8 @@ def test_simulate_writes_requests_summary_config_and_steps(capsys, cost_json, tm
                               "fixed-k", "--k", "4", "--rate", "6", "--num-requests", "200", "--seed", "0",
                               "--num-gpu-blocks", "5000", "--save-steps", "--format", "csv", "--out", str(out))
     assert code == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "requests.csv", "steps.csv", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".specsim-kind", "config.json", "requests.csv", "steps.csv",
+                                                       "summary.json"]
     requests = pd.read_csv(out / "requests.csv")
     assert list(requests.columns[:9]) == ["request_id", "arrival_time", "first_token_time", "finish_time",
                                           "prompt_tokens", "output_tokens", "proposed_tokens", "accepted_tokens",
