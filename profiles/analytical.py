@@ -9,6 +9,10 @@ communication and the engine's per-pass overhead::
     t = sum_op max(FLOPs_op / (peak x eff_compute), bytes_op / (bw x eff_bw)) + t_comm + t_overhead
     t_overhead = overhead_fixed_s + overhead_per_layer_s x layers
 
+where the matrix multiplications' compute efficiency may depend on the T tokens of the pass, eff(T) = eff_compute x
+T / (T + T_half) (:func:`matmul_seconds`, ``Efficiency.compute_half_tokens``; 0, a constant efficiency, unless a
+speculative calibration fitted it: :mod:`profiles.spec_calibrate`).
+
 ``t_overhead`` is what a pass costs beyond its kernels' work: launching (replaying) the pass, the gaps between
 its small kernels, preparing inputs and reading the logits back; it dominates small models (a 68M draft pass)
 and is a third of a 7B decode pass at batch 1. Its two terms and the efficiencies are fitted to the passes
@@ -61,7 +65,8 @@ ways and each layer adds two all-reduces of the layer's activations (tokens x hi
 ring all-reduce time ``latency + 2 (tp - 1) / tp x bytes / (link_bw x eff_link)`` (Patarasuk and Yuan
 2009), plus an all-gather of the vocabulary-parallel logits. The draft model runs unsharded on the
 first device (vLLM's ``speculative_draft_tensor_parallel_size = 1``), which makes that device the one
-whose memory runs out first.
+whose memory runs out first; or, with ``Deployment.draft_tp`` = ``tp``, sharded as the target (vLLM V1 and SGLang
+run the drafter in the target's workers), paying its own all-reduces.
 
 The roofline models an engine that appends to the KV cache in place (vLLM's paged cache; this project's optimized
 forward); the HF ``DynamicCache`` of the eager measured profiles copies the whole cache on each pass, so those
@@ -77,6 +82,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from profiles.grid import GPU_GRID, Grid
@@ -291,6 +297,16 @@ class Efficiency:
     collective_latency_s: float = 10e-6
     overhead_fixed_s: float = 9e-5
     overhead_per_layer_s: float = 6.4e-5
+    compute_half_tokens: float = 0.0
+    """Tokens T_half at which a pass's matrix multiplications reach half of ``compute``: their efficiency over T tokens
+    is ``compute x T / (T + T_half)`` (:func:`matmul_seconds`); 0: ``compute`` at every T (every profile made before
+    speculative calibration, and the shipped analytical ones)."""
+
+    def record(self) -> dict[str, float]:
+        """The fields as a profile's metadata records them; ``compute_half_tokens`` only where it is set (0, a constant
+        efficiency, is what a profile without it means: the metadata of every profile made before it stays as it
+        was)."""
+        return {k: v for k, v in asdict(self).items() if k != "compute_half_tokens" or v}
 
 
 #: Where the :class:`Efficiency` defaults come from (recorded in each profile's metadata).
@@ -326,8 +342,33 @@ class PassCost:
         return self.linear_s + self.attention_s + self.lm_head_s + self.comm_s + self.overhead_s
 
 
-def _roofline(flops: float, bytes_moved: float, gpu: GPU, eff: Efficiency) -> float:
-    return max(flops / (gpu.peak_flops * eff.compute), bytes_moved / (gpu.hbm_bandwidth * eff.bandwidth))
+def matmul_seconds(flops: Any, tokens: Any, gpu: GPU, eff: Efficiency) -> Any:
+    """Compute seconds of a pass's matrix multiplications over ``tokens`` tokens (the M dimension of each GEMM):
+    ``flops / (peak x eff(T))`` with ``eff(T) = compute x T / (T + T_half)`` (``Efficiency.compute_half_tokens``).
+
+    Why this form: a GEMM of M = T rows is cut into output tiles (128 x 128 or 64 x 128 on Hopper) spread over the
+    GPU's multiprocessors (132 on an H100 SXM); until T is a few hundred tokens there are fewer tiles than
+    multiprocessors, and partly filled waves and tiles leave tensor cores idle ("tile quantization" and "wave
+    quantization", NVIDIA, *Matrix Multiplication Background User's Guide*, docs.nvidia.com/deeplearning/performance/
+    dl-performance-matrix-multiplication). The efficiency then grows about linearly with T and saturates at the large-
+    GEMM efficiency ``compute``; T / (T + T_half) is the one-parameter curve with those two limits, and its seconds,
+    ``flops (T + T_half) / (peak compute T)``, are the large-GEMM seconds plus a constant per pass: the cost of the
+    partly filled waves. It matters in verification, where B (k + 1) tokens (a few hundred at serving batch sizes) move
+    a pass from bandwidth-bound to compute-bound; a decode pass at batch 1 stays bandwidth-bound for any T_half well
+    below the ridge point (peak FLOP/s over bytes/s, 295 tokens on an H100). ``T_half`` 0 leaves ``compute`` as is
+    (the same seconds, bit for bit). Arrays of ``flops`` and ``tokens`` give arrays."""
+    if not eff.compute_half_tokens:
+        return flops / (gpu.peak_flops * eff.compute)
+    return flops * (tokens + eff.compute_half_tokens) / (gpu.peak_flops * eff.compute * tokens)
+
+
+def _roofline(compute_s: Any, bytes_moved: Any, gpu: GPU, eff: Efficiency) -> Any:
+    """max(compute seconds, bytes / (bandwidth x efficiency)): elementwise for arrays (a pass priced at many
+    contexts or query lengths at once), Python's max for numbers."""
+    memory_s = bytes_moved / (gpu.hbm_bandwidth * eff.bandwidth)
+    if isinstance(compute_s, np.ndarray) or isinstance(memory_s, np.ndarray):
+        return np.maximum(compute_s, memory_s)
+    return max(compute_s, memory_s)
 
 
 def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_len: int, context_len: int,
@@ -343,7 +384,7 @@ def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_l
         raise UserError(f"verification must be one of {', '.join(VERIFICATIONS)} (got {verification!r})")
     tokens = batch_size * query_len
     kv_width = 2 * arch.kv_heads * arch.head_dim / tp  # K and V elements per token and layer on one device
-    linear = _roofline(2 * tokens * arch.layer_linear_params / tp,
+    linear = _roofline(matmul_seconds(2 * tokens * arch.layer_linear_params / tp, tokens, gpu, eff),
                        arch.layer_linear_params / tp * weight_bytes
                        + tokens * arch.activation_elements(tp) * dtype_bytes,
                        gpu, eff)
@@ -352,16 +393,18 @@ def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_l
         kv_tokens = query_len * context_len + query_len * (query_len - 1) / 2 + 2 * query_len
     else:
         kv_tokens = context_len + 2 * query_len
-    attention = _roofline(4 * tokens * mean_keys * arch.heads * arch.head_dim / tp,
+    attention = _roofline(4 * tokens * mean_keys * arch.heads * arch.head_dim / tp / (gpu.peak_flops * eff.compute),
                           batch_size * kv_tokens * kv_width * dtype_bytes, gpu, eff)
     fc = 0.0
     if arch.fc_inputs:  # a head's fc layer, once a pass: its weights and each token's input and output
-        fc = _roofline(2 * tokens * arch.fc_params / tp, arch.fc_params / tp * weight_bytes
+        fc = _roofline(matmul_seconds(2 * tokens * arch.fc_params / tp, tokens, gpu, eff),
+                       arch.fc_params / tp * weight_bytes
                        + tokens * (arch.fc_inputs + 1) * arch.hidden * dtype_bytes, gpu, eff)
     logit_rows = tokens if phase == "decode" and all_logits else batch_size
     vocab = arch.lm_vocab  # a shared LM head is read all the same: sharing saves memory, not bandwidth
     head_bytes = (vocab * arch.hidden / tp + logit_rows * vocab / tp + 2 * tokens * arch.hidden) * dtype_bytes
-    lm_head = _roofline(2 * logit_rows * arch.hidden * vocab / tp, head_bytes, gpu, eff)
+    lm_head = _roofline(matmul_seconds(2 * logit_rows * arch.hidden * vocab / tp, logit_rows, gpu, eff), head_bytes,
+                        gpu, eff)
     comm = 0.0
     if tp > 1:
         link = gpu.link_bandwidth * eff.link
@@ -387,12 +430,18 @@ class Deployment:
     """The target's projection weights (:data:`WEIGHT_BYTES`; weight-only)."""
     draft_weights: str = "bf16"
     """The draft's projection weights."""
+    draft_tp: int = 1
+    """Tensor-parallel degree of the draft: 1, whole on the first GPU (vLLM v0's ``speculative_draft_tensor_parallel_size
+    = 1``); or the target's ``tp`` where the drafter runs in the target's workers, sharded as the target is (vLLM V1's
+    EAGLE and draft-model proposers, SGLang's draft worker)."""
 
     def __post_init__(self) -> None:
         if self.gpu_key not in GPUS:
             raise UserError(f"--gpu: must be one of {', '.join(GPUS)} (got {self.gpu_key!r})")
         if not isinstance(self.tp, int) or self.tp < 1:
             raise UserError(f"--tp: must be an integer >= 1 (got {self.tp!r})")
+        if self.draft_tp not in (1, self.tp):
+            raise UserError(f"--draft-tp: must be 1 or the target's --tp {self.tp} (got {self.draft_tp!r})")
         if self.verification not in VERIFICATIONS:
             raise UserError(f"--verification: must be one of {', '.join(VERIFICATIONS)} (got {self.verification!r})")
         for flag, value in (("--weights", self.weights), ("--draft-weights", self.draft_weights)):
@@ -407,6 +456,7 @@ class Deployment:
         suffix = "" if self.verification == "multi-query" else f"-{self.verification}"
         suffix += "" if self.weights == "bf16" else f"-{self.weights}"
         suffix += "" if self.draft_weights == "bf16" else f"-draft-{self.draft_weights}"
+        suffix += "" if self.draft_tp == 1 else f"-draft-tp{self.draft_tp}"
         return f"{gpus}-analytical{suffix}__{self.target}__{self.draft}"
 
 
@@ -429,12 +479,14 @@ ACTIVATION_RESERVE_GIB = 2.0
 
 
 def kv_fits(target: Architecture, draft: Architecture, gpu: GPU, tp: int, tokens: int, dtype_bytes: int = 2,
-            target_weight_bytes: float | None = None, draft_weight_bytes: float | None = None) -> bool:
+            target_weight_bytes: float | None = None, draft_weight_bytes: float | None = None,
+            draft_tp: int = 1) -> bool:
     """Whether ``tokens`` tokens of target and draft KV cache fit the first device next to the weights
-    (target weights and KV split ``tp`` ways, the draft's whole there; projection weights at the given bytes)."""
+    (target weights and KV split ``tp`` ways, the draft's ``draft_tp`` ways (1: whole there); projection weights at the
+    given bytes)."""
     weights = target.weight_bytes(dtype_bytes, target_weight_bytes) / tp \
-        + draft.weight_bytes(dtype_bytes, draft_weight_bytes)
-    kv = tokens * (target.kv_bytes_per_token(dtype_bytes) / tp + draft.kv_bytes_per_token(dtype_bytes))
+        + draft.weight_bytes(dtype_bytes, draft_weight_bytes) / draft_tp
+    kv = tokens * (target.kv_bytes_per_token(dtype_bytes) / tp + draft.kv_bytes_per_token(dtype_bytes) / draft_tp)
     return weights + kv + ACTIVATION_RESERVE_GIB * GIB <= MEMORY_UTILIZATION * gpu.memory_gib * GIB
 
 
@@ -444,13 +496,13 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
     gpu, dtype_bytes = GPUS[dep.gpu_key], DTYPE_BYTES[dtype]
     target = Architecture.from_config(dep.target, "--target")
     archs = {"target": target, "draft": Architecture.from_config(dep.draft, "--draft", target)}
-    tps = {"target": dep.tp, "draft": 1}
+    tps = {"target": dep.tp, "draft": dep.draft_tp}
     wbytes = {"target": WEIGHT_BYTES[dep.weights], "draft": WEIGHT_BYTES[dep.draft_weights]}
     rows, skipped = [], 0
     for point in grid.points():
         tokens = point.batch_size * (point.context_len + point.query_len)
         if not kv_fits(archs["target"], archs["draft"], gpu, dep.tp, tokens, dtype_bytes, wbytes["target"],
-                       wbytes["draft"]):
+                       wbytes["draft"], dep.draft_tp):
             skipped += 1
             continue
         arch = archs[point.role]
@@ -462,9 +514,9 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
     memory = {
         "device_memory_gb": gpu.memory_gib * dep.tp,
         "target_weight_gb": archs["target"].weight_bytes(dtype_bytes, wbytes["target"]) / GIB,
-        "draft_weight_gb": archs["draft"].weight_bytes(dtype_bytes, wbytes["draft"]) * dep.tp / GIB,
+        "draft_weight_gb": archs["draft"].weight_bytes(dtype_bytes, wbytes["draft"]) * dep.tp / dep.draft_tp / GIB,
         "target_kv_bytes_per_token": archs["target"].kv_bytes_per_token(dtype_bytes),
-        "draft_kv_bytes_per_token": archs["draft"].kv_bytes_per_token(dtype_bytes) * dep.tp,
+        "draft_kv_bytes_per_token": archs["draft"].kv_bytes_per_token(dtype_bytes) * dep.tp // dep.draft_tp,
     }
     meta = {
         "method": "analytical",
@@ -474,12 +526,12 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
         "target": {"config": dep.target, "num_layers": archs["target"].num_layers, "params": archs["target"].params,
                    "tensor_parallel": dep.tp, "weights": dep.weights},
         "draft": {"config": dep.draft, "num_layers": archs["draft"].num_layers, "params": archs["draft"].params,
-                  "tensor_parallel": 1, "weights": dep.draft_weights, **archs["draft"].draft_meta(),
+                  "tensor_parallel": dep.draft_tp, "weights": dep.draft_weights, **archs["draft"].draft_meta(),
                   **({"pricing": HEAD_PRICING} if archs["draft"].head else {})},
         "weights_note": "weight-only precision of the projections (embeddings, norms and LM head bf16); compute "
                         "bf16; KV in dtype",
         "gpu": asdict(gpu),
-        "efficiency": asdict(eff),
+        "efficiency": eff.record(),
         "efficiency_source": EFFICIENCY_SOURCE,
         "formula": "sum over linear/attention/lm_head of max(FLOPs/(peak*compute), bytes/(bw*bandwidth)) "
                    "+ tensor-parallel all-reduces + overhead_fixed_s + overhead_per_layer_s*layers "
@@ -490,7 +542,10 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
         "memory": memory,
         "memory_note": "one engine over tp devices: device memory summed over them; the draft (weights and "
                        "KV, on the first device only) counted tp times, so that the simulator's budget "
-                       "(memory - weights) / KV per token gives the first device's token capacity",
+                       "(memory - weights) / KV per token gives the first device's token capacity"
+                       if dep.draft_tp == 1 else
+                       "one engine over tp devices: device memory, the target's and the draft's weights and KV (the "
+                       "draft sharded as the target) summed over them",
     }
     return frame, meta
 

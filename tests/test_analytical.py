@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
@@ -112,7 +111,7 @@ def test_profile_rows_are_the_grid_points_that_fit():
                                               .itertuples(index=False, name=None))
     assert ("target", "decode", 256, 1, 4096) in left_out
     assert ("target", "decode", 1, 9, 4096) not in left_out
-    assert meta["method"] == "analytical" and meta["efficiency"] == asdict(Efficiency())
+    assert meta["method"] == "analytical" and meta["efficiency"] == Efficiency().record()
     assert meta["target"]["weights"] == meta["draft"]["weights"] == "bf16"
 
 

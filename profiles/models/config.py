@@ -21,8 +21,10 @@ from policies.errors import UserError
 MODELS_DIR = Path(__file__).resolve().parent
 
 #: Architectures whose structure (RMSNorm, rotary attention with grouped KV heads, SwiGLU MLP, full
-#: attention in every layer) the roofline, the memory estimate and the KV-cache builder know.
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+#: attention in every layer) the roofline, the memory estimate and the KV-cache builder know. ``qwen3`` is Llama's
+#: shape with an explicit ``head_dim`` and per-head RMSNorms on q and k (their few FLOPs per head and token are not
+#: priced; this project's optimized forward does not run them, :func:`profiles.models.optimized.fuse_projections`).
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,8 @@ def fuse_projections(model: PreTrainedModel) -> list[_Fused]:
         return fused
     if getattr(model.config, "hidden_act", "silu") != "silu":
         raise ValueError(f"optimized forward: SwiGLU with silu only (config says {model.config.hidden_act!r})")
+    if hasattr(model.model.layers[0].self_attn, "q_norm"):
+        raise ValueError("optimized forward: per-head q/k norms (qwen3) are not run here; use the eager forward")
     fused = []
     for layer in model.model.layers:
         attn, mlp = layer.self_attn, layer.mlp
