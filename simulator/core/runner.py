@@ -247,7 +247,7 @@ def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_
     recorder = Recorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens, config.save_steps)
     env = simpy.Environment()
     engine = SimulatedEngine(env, setup.spec, workload, setup.cost, setup.make_policy(config), setup.policy_cost,
-                             make_acceptance(config, setup.acceptance_rng), setup.ngram_rng, recorder)
+                             make_acceptance(config, setup.acceptance_rng, workload), setup.ngram_rng, recorder)
     engine.start()
     setup.run(env)
     summary = run_summary(config, setup, recorder, recorder.columns(), [engine.cache] if engine.cache else [])

@@ -52,7 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from policies.step_time import run_seconds, tree_memo, uniform_memo, uniform_step_seconds, uniform_tree_pricer
+from policies.step_time import (overhead_pricer, run_seconds, step_overhead, tree_memo, uniform_memo,
+                                 uniform_step_seconds, uniform_tree_pricer)
 
 LIST_RUNS = True
 """Speed shortcut, switched here in one place: a speculative run of a stationary policy works out its steps on plain
@@ -464,7 +465,7 @@ class DecodeRuns:
         if self.tree is not None:  # token trees: the policy told the family, drawn as _apply_decode draws them
             propose, draw = partial(propose, tree=self.tree), partial(self.acceptance.draw_tree, family=self.tree)
         match, take = spec.ngram_match_prob, self._match.take
-        target, overhead = engine_cost.target_time, engine_cost.overhead_time(batch)
+        target, overhead_of = engine_cost.target_time, overhead_pricer(engine_cost, batch)
         steps, context, left, remaining = 0, sum(ctx0), left0, sum(left0)
         recent = deque(maxlen=max(max_k, 1))  # (tokens left before the step, proposals) of the last max_k steps
         spec_steps = spec_proposed = 0  # steps in which everyone proposed one k > 0, and their ks summed
@@ -478,8 +479,9 @@ class DecodeRuns:
             k = proposed[0]
             uniform = proposed.count(k) == batch
             if not draft:  # shape_seconds without draft passes (the memo's number too, where it has one)
-                seconds = target(batch, sum(proposed) + batch, context)
-                seconds += overhead
+                query = sum(proposed) + batch
+                seconds = target(batch, query, context)
+                seconds += overhead_of(query)
             elif uniform and self.tree is None and (seconds := uniform_memo(engine_cost, batch, context, k, True)) \
                     is not None:
                 pass  # the policy has just priced this step
@@ -633,7 +635,7 @@ class DecodeRuns:
         rids, ctx0, left0, blocks0 = self.rid, self.ctx, self.left, self.blocks
         horizon = min(most, self.free_blocks // ((k + bs) // bs * batch))  # steps that surely fit (with every hit)
         match, take, draw = self.spec.ngram_match_prob, self._match.take, self.acceptance.draw_list
-        target, overhead = self.cost.target_time, self.cost.overhead_time(batch)
+        target, overhead_of = self.cost.target_time, overhead_pricer(self.cost, batch)
         context, steps, left, remaining, held, proposed_sum = sum(ctx0), 0, left0, sum(left0), blocks0, [0] * batch
         spent = self.load.seconds[batch]
         while True:
@@ -642,7 +644,7 @@ class DecodeRuns:
                     for c, t0, t, q, h in zip(ctx0, left0, left, proposed, held)]
             query = sum(proposed) + batch
             seconds = target(batch, query, context)  # shape_seconds without draft passes
-            seconds += overhead
+            seconds += overhead_of(query)
             clock += seconds  # as SimPy adds the step's timeout
             spent += seconds
             if query > batch:  # someone proposes
@@ -689,8 +691,9 @@ class DecodeRuns:
         :func:`policies.step_time.shape_seconds` of the uniform step's shape (what the per-step path charges) without
         building the shape, the same cost-model calls in the same order and the additions of
         :func:`policies.step_time.step_seconds` (verification, overhead, draft passes), so bit for bit its number and
-        its warnings; the overhead, a function of the batch size alone, is priced once a run. With token trees, the
-        tree form's (:func:`policies.step_time.uniform_tree_pricer`, bit for bit :meth:`_decode_seconds`' number)."""
+        its warnings; the overhead, a function of the batch size and k alone (:func:`policies.step_time.step_overhead`),
+        is priced once a run. With token trees, the tree form's (:func:`policies.step_time.uniform_tree_pricer`, bit for
+        bit :meth:`_decode_seconds`' number)."""
         if self.tree is not None:
             shape, draft, cost = self.tree.shape(k), self.spec.draft_proposer, self.cost
             prices = uniform_tree_pricer(cost, batch, [shape], draft)
@@ -700,8 +703,9 @@ class DecodeRuns:
                 return prices(context)[0] if seconds is None else seconds
 
             return tree_price
-        target, draft_time, overhead = self.cost.target_time, self.cost.draft_time, self.cost.overhead_time(batch)
         query = batch * (k + 1)
+        target, draft_time = self.cost.target_time, self.cost.draft_time
+        overhead = step_overhead(self.cost, batch, query)
         passes = range(k) if self.spec.draft_proposer else range(0)
 
         def price(context: int) -> float:

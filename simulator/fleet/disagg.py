@@ -329,7 +329,7 @@ def run_disagg(config: SimConfig, workload: Workload | None = None, step_by_step
     for j, rec in enumerate(decode_recs):  # each its own acceptance and n-gram streams, the first the run's own
         accept_rng, ngram_rng = (setup.acceptance_rng, setup.ngram_rng) if j == 0 else replica_streams(config.seed, j)
         decode.append(SimulatedEngine(env, decode_spec, workload, setup.cost, setup.make_policy(config),
-                                      setup.policy_cost, make_acceptance(config, accept_rng), ngram_rng, rec))
+                                      setup.policy_cost, make_acceptance(config, accept_rng, workload), ngram_rng, rec))
     # prefill instances never decode: they are handed the first decode instance's models, and never draw from them
     prefill = [_Replica(env, setup.spec, workload, setup.cost, setup.make_policy(config), setup.policy_cost,
                         decode[0].acceptance, decode[0].ngram_rng, rec) for rec in prefill_recs]
