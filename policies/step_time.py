@@ -280,14 +280,21 @@ def uniform_memo(cost_model: StepCosts, batch_size: int, context_tokens: int, k:
 
 def catchup_step_seconds(cost_model: StepCosts, context_lens: list[int], ks: list[int], lags: list[int]) -> float:
     """:func:`predict_step_seconds` with the draft's first pass priced at its real query length (module docstring):
-    request i (``ks[i]`` > 0) feeds its ``lags[i]`` unseen tokens over the ``c_i + 1 - lags[i]`` the draft holds; in
-    all ``sum lags[i]`` tokens, or ``n_1 max lags[i]`` where the cost model's ``batch_layout`` is ``padded``. For a
+    request i (``ks[i]`` > 0) feeds its ``lags[i]`` tokens over the ``c_i + 1 - lags[i]`` the draft holds; in all
+    ``sum lags[i]`` tokens, or ``n_1 max lags[i]`` where the cost model's ``batch_layout`` is ``padded``. For a
     cost model whose ``prices_catchup`` is true; with every lag 1 it is the plain formula's step."""
-    shape = step_shape(context_lens, ks)
+    lag = [g for g, k in zip(lags, ks) if k]
+    return shape_catchup_seconds(cost_model, step_shape(context_lens, ks), sum(lag), max(lag, default=0))
+
+
+def shape_catchup_seconds(cost_model: StepCosts, shape: StepShape, fed: float, longest: float) -> float:
+    """:func:`catchup_step_seconds` of a step of this shape whose proposing requests feed ``fed`` tokens in all to the
+    draft's first pass, ``longest`` at most each (requests alike, each feeding ``lag``: ``n_1 lag`` and ``lag``;
+    :mod:`simulator.studies.offline_copies`)."""
     drafts = []
     if shape.draft_passes:
         (seqs, tokens), *rest = shape.draft_passes
-        drafts = [_catchup_pass(cost_model, seqs, tokens, [g for g, k in zip(lags, ks) if k])]
+        drafts = [_fed_pass(cost_model, seqs, tokens, fed, longest)]
         drafts += [cost_model.draft_time(s, t) for s, t in rest]
     return step_seconds(cost_model.target_time(shape.batch_size, shape.query_tokens, shape.context_tokens),
                         step_overhead(cost_model, shape.batch_size, shape.query_tokens), drafts)
@@ -295,10 +302,16 @@ def catchup_step_seconds(cost_model: StepCosts, context_lens: list[int], ks: lis
 
 def _catchup_pass(cost_model: StepCosts, seqs: int, tokens: int, lag: list[int]) -> float:
     """The draft's first pass over ``seqs`` sequences reading ``tokens`` (one new token each) priced at what it feeds:
-    each sequence's ``lag`` unseen tokens (:func:`catchup_step_seconds`)."""
+    each sequence's ``lag`` tokens (:func:`catchup_step_seconds`)."""
+    return _fed_pass(cost_model, seqs, tokens, sum(lag), max(lag))
+
+
+def _fed_pass(cost_model: StepCosts, seqs: int, tokens: float, fed: float, longest: float) -> float:
+    """The draft's first pass over ``seqs`` sequences reading ``tokens`` (one new token each) priced at what it feeds:
+    ``fed`` tokens in all, ``longest`` at most each."""
     # ragged (vLLM): the lags packed; padded (this project's real engine): every sequence fed the longest lag
-    fed = seqs * max(lag) if getattr(cost_model, "batch_layout", "ragged") == "padded" else sum(lag)
-    return cost_model.draft_time(seqs, tokens + seqs - sum(lag), fed)
+    return cost_model.draft_time(seqs, tokens + seqs - fed,
+                                 seqs * longest if getattr(cost_model, "batch_layout", "ragged") == "padded" else fed)
 
 
 def run_seconds(cost_model: StepCosts, batch_size: int, query_tokens: int, context_tokens: Sequence[int],
