@@ -478,28 +478,34 @@ MEMORY_UTILIZATION = 0.9
 ACTIVATION_RESERVE_GIB = 2.0
 
 
-def kv_fits(target: Architecture, draft: Architecture, gpu: GPU, tp: int, tokens: int, dtype_bytes: int = 2,
+def kv_fits(target: Architecture, draft: Architecture | None, gpu: GPU, tp: int, tokens: int, dtype_bytes: int = 2,
             target_weight_bytes: float | None = None, draft_weight_bytes: float | None = None,
             draft_tp: int = 1) -> bool:
     """Whether ``tokens`` tokens of target and draft KV cache fit the first device next to the weights
     (target weights and KV split ``tp`` ways, the draft's ``draft_tp`` ways (1: whole there); projection weights at the
-    given bytes)."""
-    weights = target.weight_bytes(dtype_bytes, target_weight_bytes) / tp \
-        + draft.weight_bytes(dtype_bytes, draft_weight_bytes) / draft_tp
-    kv = tokens * (target.kv_bytes_per_token(dtype_bytes) / tp + draft.kv_bytes_per_token(dtype_bytes) / draft_tp)
+    given bytes; ``draft`` None: no drafter, an n-gram proposer's deployment)."""
+    weights = target.weight_bytes(dtype_bytes, target_weight_bytes) / tp
+    kv = tokens * target.kv_bytes_per_token(dtype_bytes) / tp
+    if draft is not None:
+        weights += draft.weight_bytes(dtype_bytes, draft_weight_bytes) / draft_tp
+        kv = tokens * (target.kv_bytes_per_token(dtype_bytes) / tp + draft.kv_bytes_per_token(dtype_bytes) / draft_tp)
     return weights + kv + ACTIVATION_RESERVE_GIB * GIB <= MEMORY_UTILIZATION * gpu.memory_gib * GIB
 
 
-def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
-                       eff: Efficiency = Efficiency()) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """Rows and metadata of one analytical profile over ``grid``, leaving out points whose KV cache does not fit (:func:`kv_fits`)."""
+def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16", eff: Efficiency = Efficiency(),
+                       draft_eff: Efficiency | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """Rows and metadata of one analytical profile over ``grid``, leaving out points whose KV cache does not fit
+    (:func:`kv_fits`). ``draft_eff``: the draft's passes priced with these efficiencies and per-pass overhead (a
+    drafter that runs otherwise than the target: vLLM V1's head inside the engine step; default ``eff``). ``dep.draft``
+    empty: no drafter (an n-gram proposer's deployment), no draft rows."""
     gpu, dtype_bytes = GPUS[dep.gpu_key], DTYPE_BYTES[dtype]
     target = Architecture.from_config(dep.target, "--target")
-    archs = {"target": target, "draft": Architecture.from_config(dep.draft, "--draft", target)}
+    archs = {"target": target, "draft": Architecture.from_config(dep.draft, "--draft", target) if dep.draft else None}
     tps = {"target": dep.tp, "draft": dep.draft_tp}
+    effs = {"target": eff, "draft": eff if draft_eff is None else draft_eff}
     wbytes = {"target": WEIGHT_BYTES[dep.weights], "draft": WEIGHT_BYTES[dep.draft_weights]}
     rows, skipped = [], 0
-    for point in grid.points():
+    for point in grid.points(("target", "draft") if dep.draft else ("target",)):
         tokens = point.batch_size * (point.context_len + point.query_len)
         if not kv_fits(archs["target"], archs["draft"], gpu, dep.tp, tokens, dtype_bytes, wbytes["target"],
                        wbytes["draft"], dep.draft_tp):
@@ -507,16 +513,19 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
             continue
         arch = archs[point.role]
         cost = pass_cost(arch, gpu, point.phase, point.batch_size, point.query_len, point.context_len,
-                         dtype_bytes, tps[point.role], eff, dep.verification, wbytes[point.role],
+                         dtype_bytes, tps[point.role], effs[point.role], dep.verification, wbytes[point.role],
                          all_logits=point.role == "target")
         rows.append({**point.as_dict(), "seconds": cost.seconds, "num_layers": arch.num_layers})
     frame = pd.DataFrame(rows).sort_values(["role", "phase", "batch_size", "query_len", "context_len"])
+    draft = archs["draft"]
     memory = {
         "device_memory_gb": gpu.memory_gib * dep.tp,
         "target_weight_gb": archs["target"].weight_bytes(dtype_bytes, wbytes["target"]) / GIB,
-        "draft_weight_gb": archs["draft"].weight_bytes(dtype_bytes, wbytes["draft"]) * dep.tp / dep.draft_tp / GIB,
+        "draft_weight_gb": draft.weight_bytes(dtype_bytes, wbytes["draft"]) * dep.tp / dep.draft_tp / GIB
+        if draft is not None else 0.0,
         "target_kv_bytes_per_token": archs["target"].kv_bytes_per_token(dtype_bytes),
-        "draft_kv_bytes_per_token": archs["draft"].kv_bytes_per_token(dtype_bytes) * dep.tp // dep.draft_tp,
+        "draft_kv_bytes_per_token": draft.kv_bytes_per_token(dtype_bytes) * dep.tp // dep.draft_tp
+        if draft is not None else 0,
     }
     meta = {
         "method": "analytical",
@@ -525,9 +534,10 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
         "dtype": dtype,
         "target": {"config": dep.target, "num_layers": archs["target"].num_layers, "params": archs["target"].params,
                    "tensor_parallel": dep.tp, "weights": dep.weights},
-        "draft": {"config": dep.draft, "num_layers": archs["draft"].num_layers, "params": archs["draft"].params,
-                  "tensor_parallel": dep.draft_tp, "weights": dep.draft_weights, **archs["draft"].draft_meta(),
-                  **({"pricing": HEAD_PRICING} if archs["draft"].head else {})},
+        "draft": {"config": dep.draft, "num_layers": draft.num_layers, "params": draft.params,
+                  "tensor_parallel": dep.draft_tp, "weights": dep.draft_weights, **draft.draft_meta(),
+                  **({"pricing": HEAD_PRICING} if draft.head else {})} if draft is not None else
+        {"config": None, "note": "no drafter: a deployment for n-gram speculation (or none)"},
         "weights_note": "weight-only precision of the projections (embeddings, norms and LM head bf16); compute "
                         "bf16; KV in dtype",
         "gpu": asdict(gpu),
@@ -540,6 +550,7 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
         "points_left_out": skipped,
         "kv_fit": {"memory_utilization": MEMORY_UTILIZATION, "activation_reserve_gb": ACTIVATION_RESERVE_GIB},
         "memory": memory,
+        **({"draft_efficiency": draft_eff.record()} if draft_eff is not None else {}),
         "memory_note": "one engine over tp devices: device memory summed over them; the draft (weights and "
                        "KV, on the first device only) counted tp times, so that the simulator's budget "
                        "(memory - weights) / KV per token gives the first device's token capacity"

@@ -73,11 +73,13 @@ def method_label(meta: dict) -> str:
     """What a profile's figures and summaries call its method: ``analytical``, ``measured, optimized`` or
     ``measured, HF eager`` (a measured profile that does not name its forward path timed Hugging Face eager
     passes: every one made before the optimized path existed); a profile with a ``calibration`` block
-    (``run_sim.py calibrate``) adds ``calibrated to vLLM`` or ``transferred from vLLM-calibrated``."""
+    (``run_sim.py calibrate``) adds ``calibrated to vLLM`` or ``transferred from vLLM-calibrated`` (or the engine
+    the block names: ``calibrated to SGLang``, :mod:`profiles.spec_calibrate`)."""
     method = meta.get("method", "measured")
     if isinstance(meta.get("calibration"), dict):  # profiles/calibrate.py: fitted to (or moved from) vLLM's results
         moved = "transferred_from" in meta["calibration"]
-        return f"{method}, {'transferred from vLLM-calibrated' if moved else 'calibrated to vLLM'}"
+        engine = {"sglang": "SGLang"}.get(meta["calibration"].get("engine"), "vLLM")
+        return f"{method}, {f'transferred from {engine}-calibrated' if moved else f'calibrated to {engine}'}"
     if method != "measured":
         return method
     return f"measured, {FORWARDS.get(meta.get('forward', 'eager'), meta.get('forward'))}"
