@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import run_sim
-from policies.errors import InputWarning
+from policies.errors import InputWarning, UserError
 from profiles import calibrate as C
 from profiles.analytical import Deployment
 from simulator.config import SimConfig
@@ -295,3 +295,43 @@ def test_a_calibration_started_from_another_takes_its_settings_unless_a_flag_giv
     assert calibration_settings(out) == {**calibration_settings(CALIBRATED), "max_num_seqs": 512}
     assert capsys.readouterr().out.startswith(f"--start {CALIBRATED}: vLLM settings of its calibration, taken as "
                                               "defaults (a flag overrides them): --max-num-batched-tokens 2048, ")
+
+
+# -- runs with speculation (issue 32) -----------------------------------------------------------------------------------
+def test_a_run_with_speculation_replays_the_acceptance_its_file_recorded():
+    # vLLM's per-position rates are accepted at position j / drafts: the position model's conditional rates
+    rates = {vllm_io.PER_POSITION_KEY: [0.8, 0.6, 0.36], "spec_decode_acceptance_length": 2.76}
+    assert C.run_acceptance("f.json", rates, 3, None) == {"acceptance": "position",
+                                                          "acceptance_positions": pytest.approx((0.8, 0.75, 0.6))}
+    # an acceptance length alone: the per-token rate a with 1 + a + a^2 + a^3 = 2.5 (Leviathan et al.)
+    rate = C.run_acceptance("f.json", {"spec_decode_acceptance_length": 2.5}, 3, None)["acceptance_rate"]
+    assert 1 + rate + rate ** 2 + rate ** 3 == pytest.approx(2.5)
+    assert C.run_acceptance("f.json", rates, 3, 2.0)["acceptance"] == "constant"  # --acceptance-length wins
+    with pytest.raises(UserError, match="f.json: no spec_decode_acceptance_length .* give --acceptance-length"):
+        C.run_acceptance("f.json", {}, 3, None)
+
+
+def test_the_drafts_per_pass_overhead_is_fitted_back_from_runs_with_speculation(tmp_path):
+    """Bursts served by the simulator with an EAGLE-3 head at a known per-pass overhead, written as vLLM writes a run
+    with speculation (its acceptance length in the file): the fit gives the overhead back."""
+    dep = Deployment("h100-80gb", "llama-3.1-8b", "eagle3-llama-3.1-8b", 1)
+    truth = C.Calibration(**{**TRUTH.__dict__, "draft_pass_overhead_s": 4e-4})
+    config = SimConfig.of(arrival="trace", trace="-", rate=None, max_num_seqs=256, policy="fixed-k", k=3,
+                       speculative_method="eagle3", acceptance="constant", acceptance_rate=0.7)
+    files = []
+    for n, seed in ((8, 4), (24, 5)):
+        rng = np.random.default_rng(seed)
+        workload = Workload(arrival_time=np.zeros(n), prompt_tokens=rng.integers(8, 400, n),
+                            output_tokens=rng.integers(20, 200, n), source="test burst")
+        run = run_simulation(config, workload=workload, cost=C.Fitter(dep, config, []).cost(truth))
+        path = tmp_path / f"spec{n}.json"
+        path.write_text(json.dumps(vllm_io.vllm_result(run.summary, run.requests, config)))
+        files.append(str(path))
+    base = SimConfig.of(arrival="trace", trace="-", rate=None, max_num_seqs=256, policy="fixed-k", k=3,
+                     speculative_method="eagle3")
+    results = C.read_results(files, k=3)
+    assert results[0].acceptance["acceptance"] == "constant"
+    fitter = C.Fitter(dep, base, results)
+    start = C.Calibration(**{**truth.__dict__, "draft_pass_overhead_s": 1.5e-3})
+    fitted = fitter.fit(start, ("draft_pass_overhead_s",), results, max_evals=40)
+    assert fitted.draft_pass_overhead_s == pytest.approx(4e-4, rel=0.2)

@@ -307,7 +307,7 @@ def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_
                         config.run.save_steps)
     env = simpy.Environment()
     engine = SimulatedEngine(env, setup.spec, workload, setup.cost, setup.make_policy(config), setup.policy_cost,
-                             make_acceptance(config.speculative, setup.acceptance_rng), setup.ngram_rng, recorder)
+                             make_acceptance(config.speculative, setup.acceptance_rng, workload), setup.ngram_rng, recorder)
     engine.start()
     setup.run(env)
     summary = run_summary(config, setup, recorder, recorder.columns(), [engine.cache] if engine.cache else [])

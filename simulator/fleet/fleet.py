@@ -549,7 +549,7 @@ def run_fleet(config: SimConfig, workload: Workload | None = None, step_by_step:
         accept_rng, ngram_rng = (setup.acceptance_rng, setup.ngram_rng) if j == 0 else \
             replica_streams(config.run.seed, j)
         engine = _Replica(env, spec, workload, engine_cost, setup.make_policy(config), policy_cost,
-                          make_acceptance(config.speculative, accept_rng), ngram_rng, recorders[i])
+                          make_acceptance(config.speculative, accept_rng, workload), ngram_rng, recorders[i])
         if j:  # one list for the fleet: a request's tokens are counted by the one replica that serves it
             engine.generated = engines[order[0]].generated
         engine.cuts = CUT_RUNS and type(engine.acceptance) in REWINDABLE and engine.tree is None
