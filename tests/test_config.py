@@ -89,7 +89,7 @@ def test_speculation_with_one_scheduler_step_is_accepted():
 # -- the flat names ------------------------------------------------------------------------------------------------
 def test_every_field_name_belongs_to_one_concern_in_its_order():
     assert list(FIELDS) == [f.name for cls in CONCERNS.values() for f in dataclasses.fields(cls)]
-    assert set(CONCERN_OF) == set(FIELDS) and len(FIELDS) == 62
+    assert set(CONCERN_OF) == set(FIELDS) and len(FIELDS) == 63
     assert {CONCERN_OF[n] for n in ("rate", "max_concurrency", "tokenizer")} == {"workload"}
     assert {CONCERN_OF[n] for n in ("block_size", "strict_fit", "cuda_graph_sizes")} == {"engine"}
     assert {CONCERN_OF[n] for n in ("k", "proposer", "acceptance_rate", "speculative_token_tree")} == {"speculative"}
