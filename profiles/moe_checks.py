@@ -139,16 +139,27 @@ def fit(setup: Setup) -> Efficiency:
     return efficiency(least_squares(residuals, start, bounds=(lower, upper)).x)
 
 
-def simulate(profile: Path, setup: Setup, batch_size: int, speculate: bool) -> float:
-    """Output tokens/s of ``batch_size`` requests sent at once, through the simulator on ``profile``."""
+def batch_throughput(profile: str | Path, batch_size: int, prompt_len: int, output_len: int, k: int = 0,
+                     positions: tuple[float, ...] = (), method: str = "mtp") -> float:
+    """Output tokens/s of ``batch_size`` requests of fixed lengths sent at once (a closed loop of one wave, as
+    ``bench_one_batch`` runs), through the simulator on ``profile`` (interpolated over its grid): without
+    speculation for ``k`` = 0, else a chain of ``k`` drafts of ``method`` accepted per position as ``positions``
+    (the simulator's ``position`` model)."""
     from simulator.config import SimConfig
     from simulator.core.runner import run_simulation
 
+    spec = {"policy": "fixed-k", "k": k, "acceptance": "position", "acceptance_positions": positions,
+            "speculative_method": method} if k else {"policy": "no-spec"}
     config = SimConfig.of(profile=str(profile), fitter="interp", rate=float("inf"), num_requests=batch_size,
-                          max_concurrency=batch_size, prompt_len=setup.prompt_len, output_len=setup.output_len,
-                          policy="fixed-k" if speculate else "no-spec", k=setup.k, acceptance="position",
-                          acceptance_positions=setup.positions, speculative_method="mtp", seed=0)
+                          max_concurrency=batch_size, prompt_len=prompt_len, output_len=output_len, seed=0, **spec)
     return float(run_simulation(config).summary["output_throughput"])
+
+
+def simulate(profile: Path, setup: Setup, batch_size: int, speculate: bool) -> float:
+    """Output tokens/s of ``setup``'s requests at ``batch_size`` (:func:`batch_throughput`), with its MTP chain or
+    without."""
+    return batch_throughput(profile, batch_size, setup.prompt_len, setup.output_len, setup.k if speculate else 0,
+                            setup.positions)
 
 
 def check(setup: Setup, out_dir: Path) -> pd.DataFrame:
