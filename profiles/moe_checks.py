@@ -21,10 +21,9 @@ measurement without speculation can tell apart from the target's.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
