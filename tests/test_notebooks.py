@@ -30,6 +30,9 @@ RESULTS = {
                         ("sanity", "concurrency", "rates", "goodput_concurrency", "goodput_rates", "ranks")],
     "fleet": ["fleet/scaling.csv", "fleet/scaling_replicas.csv", "fleet/routers.csv", "fleet/routers_replicas.csv",
               "fleet/disagg/azure/goodput.csv", "fleet/disagg/mooncake/goodput.csv"],
+    "gemma2_load": ["gemma2_load/light_load.csv", "gemma2_load/crossovers.csv", "gemma2_load/a100-80gb/summary.csv",
+                    "gemma2_load/h100-80gb/summary.csv"],
+    "moe_vs_dense": ["moe_vs_dense/gains.csv"],
 }
 #: Notebooks that run real models (the profile extra); every other one must run without torch.
 NEEDS_TORCH = {"normal_vs_speculative"}

@@ -1,0 +1,218 @@
+"""The simulator's speculation on mixture-of-experts targets checked against published measurements (issue 31 item 6).
+
+Each :class:`Setup` is a published deployment with speculation: its analytical profile (:mod:`profiles.analytical`:
+the target and its MTP head on the GPUs and tensor-parallel degree published), calibrated on that deployment's
+**own decode speed without speculation** (``fit`` rows of ``profiles/data/moe_speculation/checks.csv``, each with
+its source), then run through the simulator (:func:`simulator.core.runner.run_simulation`: a closed loop of
+``batch_size`` requests sent at once, as ``bench_one_batch`` and SpecDecode-Bench's fixed batches) without
+speculation and with a chain of ``k`` MTP drafts at the published acceptance. The simulated speedup (output
+throughput with / without) is compared with the published one (``check`` rows), which no fit has seen.
+
+The calibration: the roofline's efficiencies and per-pass overhead were fitted to a dense 8B engine on one H200
+(:data:`profiles.analytical.EFFICIENCY_SOURCE`); a MoE target at tensor parallelism 8 pays more per layer (fused-MoE
+kernels' fixed cost, two all-reduces a layer, routing), which the roofline leaves out (docs/profiles.md: DeepSeek-V3
+on 8 x H200 decodes in 7 ms a token by the roofline, about 23 ms as published). :func:`fit` refits
+``overhead_per_layer_s`` (and, where the series has several batch sizes, ``bandwidth``) by least squares on the log
+ratio of the roofline's decode step to the published no-speculation step (``batch / tokens per second``). The draft
+head's passes take the same per-layer overhead (one layer) and ``overhead_fixed_s``, which no published
+measurement without speculation can tell apart from the target's.
+
+    python -m profiles.moe_checks --out results/moe_checks      # prints the table, writes moe_checks.csv there
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import brentq, least_squares
+
+from policies.errors import FlagParser, exit_on_user_error
+from profiles.analytical import DATA_DIR, Deployment, Efficiency, GPUS, Placement, analytical_profile, pass_cost
+from profiles.grid import Grid
+
+MOE_DATA = DATA_DIR / "moe_speculation"
+#: The published numbers used here, one row a (series, batch): ``fit`` rows (tokens/s without speculation) and
+#: ``check`` rows (speedup with speculation), each with its source.
+MEASUREMENTS = MOE_DATA / "checks.csv"
+#: GLM-4.5-Air's config assembled from quoted values (its ``_source`` and ``_unverified`` keys say which).
+GLM_45_AIR = MOE_DATA / "glm-4.5-air.assembled.json"
+#: How far a simulated speedup may be from the published one (issue 31 item 6).
+TOLERANCE = 0.15
+#: The profile grid the checks need: batches up to 32, a verification of up to 4 tokens, contexts to 2k.
+GRID = Grid(batch_sizes=(1, 2, 4, 8, 16, 32), query_lens=(1, 2, 3, 4), context_lens=(128, 256, 512, 1024, 2048),
+            prefill_lens=(128, 256, 512, 1024), max_prefill_tokens=16384)
+#: Bounds of the fitted :class:`Efficiency` fields.
+BOUNDS = {"overhead_per_layer_s": (0.0, 2e-3), "bandwidth": (0.3, 1.0)}
+
+
+def constant_rate(acceptance_length: float, k: int) -> float:
+    """The per-token acceptance rate a with 1 + a + ... + a^k = ``acceptance_length`` (Leviathan et al., arXiv
+    2211.17192, eq. 1, for k drafts): where a source prints only the mean acceptance length."""
+    return brentq(lambda a: sum(a ** j for j in range(k + 1)) - acceptance_length, 0.0, 1.0)
+
+
+def conditional(unconditional: tuple[float, ...]) -> tuple[float, ...]:
+    """vLLM's per-position acceptance (the share of steps whose j-th draft was accepted) as the simulator's
+    ``position`` model reads it (accepted given all before were): p_j / p_(j-1)."""
+    return tuple(p / q for p, q in zip(unconditional, (1.0,) + unconditional[:-1]))
+
+
+@dataclass(frozen=True)
+class Setup:
+    """A published deployment with MTP speculation, and the published series it is fitted on and checked against."""
+
+    name: str
+    gpu_key: str
+    target: str
+    tp: int
+    k: int
+    """Drafts a step (SGLang ``--speculative-num-steps``; vLLM ``num_speculative_tokens``)."""
+    positions: tuple[float, ...]
+    """Acceptance given all earlier drafts were accepted, per position (the simulator's ``position`` model)."""
+    acceptance_source: str
+    prompt_len: int
+    output_len: int
+    fit_series: str
+    check_series: str
+    free: tuple[str, ...]
+    """The :class:`Efficiency` fields fitted to ``fit_series``."""
+
+
+#: DeepSeek-V3's MTP chain of 3 drafts (the docs' default, ``--speculative-num-steps 3 --speculative-eagle-topk 1
+#: --speculative-num-draft-tokens 4``) at the acceptance length LMSYS measured for that window.
+DEEPSEEK_ACCEPTANCE = (constant_rate(2.44, 3),)
+DEEPSEEK_ACCEPTANCE_SOURCE = (
+    "acceptance length 2.44 with a 4-token MTP window, topk 1, DeepSeek-V3 on H200 (lm-sys/lm-sys.github.io "
+    "blog/2025-07-17-mtp.md, 'Accelerating SGLang with Multiple Token Prediction', case study 1); the docs print no "
+    "acceptance for their 1.8x / 1.5x; one rate a a position, 1 + a + a^2 + a^3 = 2.44")
+GLM_ACCEPTANCE_SOURCE = (
+    "per-position acceptance 0.92, 0.68, 0.38 on GPQA-Main printed by SpecDecode-Bench (index.md @9f0752d9; "
+    "profiles/data/specdecode_bench/fig3_acceptance_by_position.csv), read as vLLM's unconditional rates")
+
+SETUPS = (
+    Setup("deepseek-v3 mtp, fit on PR #3582's no-MTP speed", "h200", "deepseek-v3", 8, 3, DEEPSEEK_ACCEPTANCE,
+          DEEPSEEK_ACCEPTANCE_SOURCE, 128, 256, "deepseek-v3/sglang-pr3582", "deepseek-v3/sglang-docs",
+          ("overhead_per_layer_s",)),
+    Setup("deepseek-v3 mtp, fit on v0.4.1.post2's batch 1/8/32", "h200", "deepseek-v3", 8, 3, DEEPSEEK_ACCEPTANCE,
+          DEEPSEEK_ACCEPTANCE_SOURCE, 128, 256, "deepseek-v3/sglang-v0.4.1.post2", "deepseek-v3/sglang-docs",
+          ("overhead_per_layer_s", "bandwidth")),
+    Setup("glm-4.5-air mtp (vLLM 0.10.1, GPQA-Main)", "h100-80gb", str(GLM_45_AIR), 4, 3,
+          conditional((0.92, 0.68, 0.38)), GLM_ACCEPTANCE_SOURCE, 256, 1024, "glm-4.5-air/specdecode-bench",
+          "glm-4.5-air/specdecode-bench", ("overhead_per_layer_s", "bandwidth")),
+)
+
+
+def measurements(series: str, use: str) -> pd.DataFrame:
+    """The ``use`` rows (``fit`` or ``check``) of one published series."""
+    table = pd.read_csv(MEASUREMENTS)
+    return table[(table["series"] == series) & (table["use"] == use)].reset_index(drop=True)
+
+
+def decode_step_s(setup: Setup, batch_size: int, eff: Efficiency) -> float:
+    """The roofline's seconds of one decode step without speculation at the run's mean context."""
+    place = Placement.of(Deployment(setup.gpu_key, setup.target, "mtp", setup.tp))
+    context = setup.prompt_len + setup.output_len // 2
+    return pass_cost(place.archs["target"], GPUS[setup.gpu_key], "decode", batch_size, 1, context, 2, setup.tp, eff,
+                     weights=place.weights["target"]).seconds
+
+
+def fit(setup: Setup) -> Efficiency:
+    """The default :class:`Efficiency` with ``setup.free`` refitted to the series' published speeds without
+    speculation (least squares on log(roofline step / published step))."""
+    points = measurements(setup.fit_series, "fit")
+
+    def efficiency(x: np.ndarray) -> Efficiency:
+        return replace(Efficiency(), **dict(zip(setup.free, (float(v) for v in x))))
+
+    def residuals(x: np.ndarray) -> list[float]:
+        eff = efficiency(x)
+        return [math.log(decode_step_s(setup, int(b), eff) * tok_s / b)
+                for b, tok_s in zip(points["batch_size"], points["no_spec_tok_s"])]
+
+    start = [getattr(Efficiency(), name) for name in setup.free]
+    lower, upper = zip(*(BOUNDS[name] for name in setup.free))
+    return efficiency(least_squares(residuals, start, bounds=(lower, upper)).x)
+
+
+def batch_throughput(profile: str | Path, batch_size: int, prompt_len: int, output_len: int, k: int = 0,
+                     positions: tuple[float, ...] = (), method: str = "mtp") -> float:
+    """Output tokens/s of ``batch_size`` requests of fixed lengths sent at once (a closed loop of one wave, as
+    ``bench_one_batch`` runs), through the simulator on ``profile`` (interpolated over its grid): without
+    speculation for ``k`` = 0, else a chain of ``k`` drafts of ``method`` accepted per position as ``positions``
+    (the simulator's ``position`` model)."""
+    from simulator.config import SimConfig
+    from simulator.core.runner import run_simulation
+
+    spec = {"policy": "fixed-k", "k": k, "acceptance": "position", "acceptance_positions": positions,
+            "speculative_method": method} if k else {"policy": "no-spec"}
+    config = SimConfig.of(profile=str(profile), fitter="interp", rate=float("inf"), num_requests=batch_size,
+                          max_concurrency=batch_size, prompt_len=prompt_len, output_len=output_len, seed=0, **spec)
+    return float(run_simulation(config).summary["output_throughput"])
+
+
+def simulate(profile: Path, setup: Setup, batch_size: int, speculate: bool) -> float:
+    """Output tokens/s of ``setup``'s requests at ``batch_size`` (:func:`batch_throughput`), with its MTP chain or
+    without."""
+    return batch_throughput(profile, batch_size, setup.prompt_len, setup.output_len, setup.k if speculate else 0,
+                            setup.positions)
+
+
+def check(setup: Setup, out_dir: Path) -> pd.DataFrame:
+    """One row a published point of ``setup``: the fit points (tokens/s without speculation) and the held-out
+    checks (speedup), published against simulated."""
+    from simulator.costs.profile_table import write_profile
+
+    eff = fit(setup)
+    frame, meta = analytical_profile(Deployment(setup.gpu_key, setup.target, "mtp", setup.tp), GRID, eff=eff)
+    meta["efficiency_source"] = (f"profiles/moe_checks.py: {', '.join(setup.free)} fitted to {setup.fit_series} "
+                                 f"({MEASUREMENTS.relative_to(DATA_DIR.parents[1])}); the rest "
+                                 f"profiles.analytical.EFFICIENCY_SOURCE")
+    slug = "".join(c if c.isalnum() else "-" for c in setup.name.split(",")[0] + "-" + setup.fit_series)
+    profile = out_dir / f"{slug}.csv"
+    write_profile(frame, meta, profile)
+    fitted = ", ".join(f"{name} {getattr(eff, name):.4g}" for name in setup.free)
+    rows = []
+    for row in measurements(setup.fit_series, "fit").itertuples():
+        sim = simulate(profile, setup, row.batch_size, False)
+        rows.append({"setup": setup.name, "use": "fit", "batch_size": row.batch_size, "quantity": "tok/s no-spec",
+                     "published": row.no_spec_tok_s, "simulated": sim, "error": sim / row.no_spec_tok_s - 1,
+                     "fitted": fitted, "source": row.source})
+    for row in measurements(setup.check_series, "check").itertuples():
+        base = simulate(profile, setup, row.batch_size, False)
+        sim = simulate(profile, setup, row.batch_size, True) / base
+        rows.append({"setup": setup.name, "use": "check", "batch_size": row.batch_size, "quantity": "speedup",
+                     "published": row.speedup, "simulated": sim, "error": sim - row.speedup, "fitted": fitted,
+                     "source": row.source})
+    return pd.DataFrame(rows)
+
+
+def run_checks(out_dir: str | Path, setups: tuple[Setup, ...] = SETUPS) -> pd.DataFrame:
+    """Every setup's fit and check rows, written to ``out_dir/moe_checks.csv`` (the profiles beside it);
+    ``within``: a check's speedup within :data:`TOLERANCE` of the published one (empty for fit rows)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    table = pd.concat([check(setup, out) for setup in setups], ignore_index=True)
+    table["within"] = np.where(table["use"] == "check", (table["error"].abs() <= TOLERANCE).map(str), "")
+    table.to_csv(out / "moe_checks.csv", index=False)
+    return table
+
+
+def main(argv: list[str]) -> int:
+    parser = FlagParser(prog="python -m profiles.moe_checks", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="results/moe_checks", help="folder for the table and the fitted profiles")
+    args = parser.parse_args(argv)
+    table = run_checks(args.out)
+    with pd.option_context("display.width", 200, "display.max_colwidth", 60):
+        print(table.drop(columns=["source"]).round(3).to_string(index=False))
+    for setup in SETUPS:
+        print(f"{setup.name}: k = {setup.k}, acceptance {', '.join(f'{p:.3f}' for p in setup.positions)} "
+              f"({setup.acceptance_source})")
+    return 0
+
+
+if __name__ == "__main__":
+    exit_on_user_error(main, sys.argv[1:])

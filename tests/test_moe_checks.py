@@ -1,0 +1,71 @@
+"""The MoE speculation checks (profiles/moe_checks.py, issue 31 item 6): published speedups with MTP, priced through the
+simulator on analytical profiles calibrated only on the same deployments' speeds without speculation.
+
+Published figures (profiles/data/moe_speculation/checks.csv gives each row's source): SGLang's docs, DeepSeek-V3 MTP on
+8 x H200 TP8, 1.8x at batch 1 and 1.5x at batch 32; SpecDecode-Bench (arXiv 2601.11580, Fig. 3 (h)), GLM-4.5-Air MTP on
+4 x H100 TP4 with vLLM 0.10.1, 1.82x / 1.57x / 1.31x at batch 1 / 2 / 4 on GPQA-Main."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from profiles.architectures import Architecture
+from profiles.moe_checks import (GLM_45_AIR, MEASUREMENTS, SETUPS, TOLERANCE, conditional, constant_rate,
+                                 decode_step_s, fit, measurements, run_checks)
+
+
+def test_a_mean_acceptance_length_is_one_rate_a_position():
+    a = constant_rate(2.44, 3)
+    assert 1 + a + a ** 2 + a ** 3 == pytest.approx(2.44)
+    assert constant_rate(4.0, 3) == pytest.approx(1.0) and constant_rate(1.0, 3) == pytest.approx(0.0)
+
+
+def test_vllms_per_position_rates_become_conditional_ones_whose_products_give_them_back():
+    positions = conditional((0.92, 0.68, 0.38))
+    assert positions == pytest.approx((0.92, 0.68 / 0.92, 0.38 / 0.68))
+    assert [positions[0], positions[0] * positions[1], positions[0] * positions[1] * positions[2]] == pytest.approx(
+        [0.92, 0.68, 0.38])
+
+
+def test_every_published_number_has_its_source_and_no_check_is_fitted():
+    table = pd.read_csv(MEASUREMENTS)
+    assert table["source"].notna().all() and set(table["use"]) == {"fit", "check"}
+    fits, checks = table[table["use"] == "fit"], table[table["use"] == "check"]
+    # a fit row is a speed without speculation, never a speedup; a check row the reverse
+    assert fits["no_spec_tok_s"].notna().all() and fits["speedup"].isna().all()
+    assert checks["speedup"].notna().all() and checks["no_spec_tok_s"].isna().all()
+    for setup in SETUPS:
+        assert set(measurements(setup.fit_series, "fit").index) and set(measurements(setup.check_series, "check").index)
+
+
+def test_the_assembled_glm_45_air_config_is_labelled_and_reads_as_published():
+    config = json.loads(GLM_45_AIR.read_text())
+    assert config["_source"].startswith("ASSEMBLED") and "n_group" in config["_unverified"]
+    air = Architecture.from_config(str(GLM_45_AIR), "--target")
+    assert round(air.params / 1e9) == 107 and air.mtp_layers == 1  # "106 billion total parameters"
+
+
+def test_one_fitted_overhead_gives_the_one_published_speed_back():
+    setup = next(s for s in SETUPS if s.free == ("overhead_per_layer_s",))
+    eff = fit(setup)
+    assert eff.overhead_per_layer_s > 3 * 6.4e-5  # the dense 8B engine's 64 us a layer is far too little at TP8
+    assert 1 / decode_step_s(setup, 1, eff) == pytest.approx(77 / 1.76, rel=1e-4)
+
+
+def test_the_checks_table_names_which_published_speedups_the_simulator_meets(tmp_path):
+    table = run_checks(tmp_path)
+    assert (tmp_path / "moe_checks.csv").is_file()
+    checks = table[table["use"] == "check"]
+    assert (checks["error"] == checks["simulated"] - checks["published"]).all()
+    assert (checks["within"] == (checks["error"].abs() <= TOLERANCE).map(str)).all()
+    fits = table[table["use"] == "fit"]
+    assert fits["error"].abs().max() < 0.15  # the calibration reproduces its own points within 15%
+    met = {(row.setup.split(" ")[0], row.setup.split("fit on ")[-1][:7], row.batch_size): row.within == "True"
+           for row in checks.itertuples()}
+    assert met == {
+        ("deepseek-v3", "PR #358", 1): True, ("deepseek-v3", "PR #358", 32): True,
+        ("deepseek-v3", "v0.4.1.", 1): False, ("deepseek-v3", "v0.4.1.", 32): False,
+        ("glm-4.5-air", "glm-4.5", 1): True, ("glm-4.5-air", "glm-4.5", 2): True, ("glm-4.5-air", "glm-4.5", 4): False,
+    }
