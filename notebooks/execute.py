@@ -203,10 +203,13 @@ def resolve(names: list[str]) -> list[Path]:
 
 
 def kernel_environment(scratch: Path) -> None:
-    """This process's environment, inherited by each kernel: full settings, figures at DPI, no user config."""
+    """This process's environment, inherited by each kernel: full settings, figures at DPI, no user config, and this
+    checkout's packages first on the import path (a kernel runs in this folder, where ``import simulator`` would
+    otherwise find the checkout the virtualenv installed, maybe another: its code would run, its folder be written)."""
     for name in ("SPECSIM_SMALL", "SPECSIM_RESULTS"):
         if os.environ.pop(name, None) is not None:
             print(f"({name} ignored: the committed notebooks are executed at full settings)")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     rc = scratch / "matplotlibrc"
     rc.write_text(f"figure.dpi: {DPI}\nsavefig.dpi: figure\n")
     os.environ["MATPLOTLIBRC"] = str(rc)

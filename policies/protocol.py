@@ -9,7 +9,7 @@ reserve KV room through these functions, so the simulator predicts the engine it
 - :func:`checked_proposal`: a policy's answer checked, with one message for both engines;
 - :func:`admit_fcfs`: FCFS admission of waiting requests into a prefill step (vLLM v0's prefill-first);
 - :func:`draft_lag`: how many context tokens the draft model has not seen after a decode step (the catch-up its
-  next pass feeds).
+  next pass feeds), or, by the engine's rule (:data:`DRAFT_EXTENDS`, :func:`draft_feed`), what its first pass feeds.
 """
 from __future__ import annotations
 
@@ -91,3 +91,31 @@ def draft_lag(lag: int, k: int, accepted: int) -> int:
     if k == 0:
         return lag + 1
     return 2 if accepted == k else 1
+
+
+#: What the drafter's first pass of a step feeds each request (a profile's ``draft_extend``; :func:`draft_feed`):
+#: ``unseen``, the tokens its draft has not seen (:func:`draft_lag`: a draft model keeping its own KV of its
+#: proposals; this project's real engine; the default); ``accepted``, the tokens the target just emitted, accepted ones
+#: and the bonus (vLLM 0.10 V1's EAGLE proposer, which recomputes the head's KV of the verified positions from the
+#: target's hidden states, and its draft-model proposer with ``disable_padded_drafter_batch``); ``padded``, every
+#: token the target just verified, k + 1 (a tree: its depth + 1), the rejected ones as padding (vLLM >= 0.11's padded
+#: drafter batch, the default; SGLang 0.5's draft-extend pass, run as a CUDA graph of ``speculative_num_steps + 1``
+#: tokens a request).
+DRAFT_EXTENDS = ("unseen", "accepted", "padded")
+
+
+def draft_feed(rule: str, lag: int, k: int, accepted: int) -> int:
+    """Tokens the drafter's first pass feeds a request at its next step, after a step in which it fed ``lag``, proposed
+    ``k`` (a token tree: its depth) and had ``accepted`` accepted, by the engine's ``rule`` (:data:`DRAFT_EXTENDS`).
+
+    vLLM 0.10 (``vllm/v1/worker/gpu_model_runner.py``, ``propose_draft_token_ids``; ``vllm/v1/spec_decode/eagle.py``,
+    ``prepare_inputs``) drops each request's rejected tokens from the tokens it scheduled and runs the head's first pass
+    over the rest, ``k + 1 - rejected = accepted + 1``; a request that proposed nothing feeds its one new token (also
+    accepted + 1, with accepted 0). Later versions pad the pass to every scheduled token; SGLang 0.5's
+    ``EAGLEDraftExtendCudaGraphRunner`` to ``speculative_num_steps + 1`` a request."""
+    if rule == "accepted":
+        return accepted + 1
+    if rule == "padded":
+        return k + 1
+    return draft_lag(lag, k, accepted)
+

@@ -5,12 +5,17 @@ For proposal lengths k_i over a batch of B requests with context lengths c_i (to
     draft:   sum over passes j = 1..max k of  draft_time(n_j, sum_{i: k_i >= j} (c_i + j - 1)),
              n_j = #{i: k_i >= j}   (one token per active sequence per pass; none for an n-gram proposer)
     verify:  target_time(B, sum_i (k_i + 1), sum_i c_i)
-    + overhead_time(B)
+    + overhead_time(B) [+ speculation_time(B, sum_i (k_i + 1)) when anyone proposes]
 
-with one refinement where the cost model prices it (``prices_catchup``, :func:`catchup_step_seconds`): the
-draft's first pass feeds each request the ``lag_i`` tokens of its context the draft has not seen
-(:func:`policies.protocol.draft_lag`: 1 normally, 2 after a wholly accepted proposal, more after steps without
-speculation), so pass 1 is ``draft_time(n_1, sum (c_i + 1 - lag_i), sum lag_i)`` over the proposing requests.
+with two refinements where the cost model prices them. ``speculation_time`` (``prices_speculation``, a profile's
+``spec_overhead`` rows; :func:`step_overhead`): what a speculative step spends beyond its passes and a plain step's
+overhead, the proposer's host work (fixed and per sequence: vLLM V1's n-gram lookup runs on the CPU) and the rejection
+sampler over every verified token. And the catch-up (``prices_catchup``, :func:`catchup_step_seconds`): the draft's
+first pass feeds each request ``lag_i`` tokens, by the engine's rule (:func:`policies.protocol.draft_feed`: the tokens
+its draft has not seen, :func:`policies.protocol.draft_lag`, 1 normally and 2 after a wholly accepted proposal; or, in
+vLLM 0.10 V1, the accepted tokens and the bonus the target just emitted, over which its EAGLE proposer recomputes the
+head's KV; or every verified token, padded), so pass 1 is ``draft_time(n_1, sum (c_i + 1 - lag_i), sum lag_i)`` over
+the proposing requests. A profile without them prices neither: the same seconds as before them, bit for bit.
 
 SmartSpec (Liu et al., arXiv 2406.14066, Sec. 4) costs a batch the same way: sequential draft passes
 plus one verification pass over every proposed and bonus token. All times are seconds.
@@ -24,7 +29,7 @@ SGLang's EAGLE verification), and the draft runs depth(S_i) passes, pass d feedi
                                                               sum_{i: depth_i >= d} e_i(d)),
              f_i(d) = e_i(1) + ... + e_i(d - 1)   (the tokens earlier passes fed: the draft's cache grows by them)
     verify:  target_time(B, sum_i (n_i + 1), sum_i c_i)
-    + overhead_time(B)
+    + overhead_time(B) [+ speculation_time(B, sum_i (n_i + 1)) when anyone proposes]
 
 A chain has e_i(d) = 1 and f_i(d) = d - 1: the formula above, the same cost-model calls (a pass feeding one token per
 sequence is asked without its query count), so the same seconds bit for bit (tested).
@@ -66,6 +71,10 @@ class StepCosts(Protocol):
     tree's pass feeding several nodes per sequence). Asked with two arguments wherever each sequence feeds one."""
 
     def overhead_time(self, batch_size: int) -> float: ...
+
+    def speculation_time(self, batch_size: int, query_tokens: int) -> float: ...
+    """Seconds a speculative step spends beyond its passes and :meth:`overhead_time` (asked only where the model's
+    ``prices_speculation`` is true; a model may lack both: :func:`step_overhead`)."""
 
     def target_times(self, batch_size: int, query_tokens: int, context_tokens: Sequence[int]) -> list[float]: ...
 
@@ -144,6 +153,31 @@ def uniform_step_shape(batch_size: int, context_tokens: int, k: int) -> StepShap
     return StepShape(batch_size, batch_size * (k + 1), context_tokens, passes)
 
 
+def step_overhead(cost_model: StepCosts, batch_size: int, query_tokens: int) -> float:
+    """The step's seconds beyond its passes: ``overhead_time(B)``, plus ``speculation_time(B, query_tokens)`` when
+    anyone proposes (``query_tokens > B``) and the cost model prices it (``prices_speculation``; else exactly the
+    plain overhead, as every step was priced before it)."""
+    overhead = cost_model.overhead_time(batch_size)
+    if query_tokens > batch_size and getattr(cost_model, "prices_speculation", False):
+        overhead += cost_model.speculation_time(batch_size, query_tokens)
+    return overhead
+
+
+def overhead_pricer(cost_model: StepCosts, batch_size: int) -> Callable[[int], float]:
+    """:func:`step_overhead` of ``batch_size`` sequences as a function of the step's verified tokens (a run of steps
+    of one batch; the plain overhead priced once where the model does not price speculation)."""
+    if not getattr(cost_model, "prices_speculation", False):
+        overhead = cost_model.overhead_time(batch_size)
+        return lambda query_tokens: overhead
+    return lambda query_tokens: step_overhead(cost_model, batch_size, query_tokens)
+
+
+def uniform_overheads(cost_model: StepCosts, batch_size: int, k_max: int) -> list[float]:
+    """:func:`step_overhead` of a step in which all ``batch_size`` sequences propose k, for k = 0..k_max."""
+    price = overhead_pricer(cost_model, batch_size)
+    return [price(batch_size * (k + 1)) for k in range(k_max + 1)]
+
+
 def step_seconds(target: float, overhead: float, drafts: Iterable[float]) -> float:
     """The step-time formula over its priced parts: verification + overhead + the draft passes, added in that
     order. Every pricing of a step goes through it (:func:`shape_seconds`, :func:`uniform_step_seconds`) or is
@@ -158,7 +192,7 @@ def step_seconds(target: float, overhead: float, drafts: Iterable[float]) -> flo
 def shape_seconds(cost_model: StepCosts, shape: StepShape, draft_cost: bool) -> float:
     """Seconds of a step of this shape: verification + overhead + draft passes (if ``draft_cost``)."""
     return step_seconds(cost_model.target_time(shape.batch_size, shape.query_tokens, shape.context_tokens),
-                        cost_model.overhead_time(shape.batch_size),
+                        step_overhead(cost_model, shape.batch_size, shape.query_tokens),
                         [cost_model.draft_time(seqs, tokens) for seqs, tokens in shape.draft_passes] if draft_cost
                         else ())
 
@@ -173,14 +207,14 @@ def uniform_step_seconds(cost_model: StepCosts, batch_size: int, context_tokens:
         # speed shortcut: the cost model prices the k_max + 1 verifications and the k_max draft passes in one call
         # (the scalar calls' numbers, bit for bit); the formula's additions below in step_seconds' order
         targets, drafts = uniform(batch_size, context_tokens, k_max, draft_cost)
-        overhead = cost_model.overhead_time(batch_size)
-        seconds = [float(reduce(add, drafts[:k], target + overhead)) for k, target in enumerate(targets)]
+        overheads = uniform_overheads(cost_model, batch_size, k_max)
+        seconds = [float(reduce(add, drafts[:k], target + overheads[k])) for k, target in enumerate(targets)]
     else:  # the plain twin: the step formula per k over the shape's priced passes
         shape = uniform_step_shape(batch_size, context_tokens, k_max)
-        overhead = cost_model.overhead_time(batch_size)
+        overheads = uniform_overheads(cost_model, batch_size, k_max)
         drafts = [cost_model.draft_time(seqs, tokens) for seqs, tokens in shape.draft_passes] if draft_cost else []
-        seconds = [step_seconds(cost_model.target_time(batch_size, batch_size * (k + 1), context_tokens), overhead,
-                                drafts[:k]) for k in range(k_max + 1)]
+        seconds = [step_seconds(cost_model.target_time(batch_size, batch_size * (k + 1), context_tokens),
+                                overheads[k], drafts[:k]) for k in range(k_max + 1)]
     _last_uniform = (cost_model, batch_size, context_tokens, draft_cost, seconds)
     return seconds
 
@@ -219,16 +253,16 @@ class UniformPricer:
         self.cost_model, self.batch_size, self.k_max, self.draft_cost = cost_model, batch_size, k_max, draft_cost
         parts = getattr(cost_model, "uniform_decode_pricer", None) if UNIFORM_PRICER and batch_size else None
         self._priced = None if parts is None else parts(batch_size, k_max, draft_cost)
-        self._overhead = None if parts is None else cost_model.overhead_time(batch_size)
+        self._overheads = None if parts is None else uniform_overheads(cost_model, batch_size, k_max)
 
     def __call__(self, context_tokens: int) -> list[float]:
         global _last_uniform
         if self._priced is None:
             return uniform_step_seconds(self.cost_model, self.batch_size, context_tokens, self.k_max, self.draft_cost)
         targets, drafts = self._priced(context_tokens)
-        out, overhead = [], self._overhead
+        out, overheads = [], self._overheads
         for k, target in enumerate(targets):  # step_seconds' additions: verification, overhead, draft passes
-            seconds = target + overhead
+            seconds = target + overheads[k]
             for draft in drafts[:k]:
                 seconds += draft
             out.append(float(seconds))
@@ -283,25 +317,38 @@ def uniform_memo(cost_model: StepCosts, batch_size: int, context_tokens: int, k:
 
 def catchup_step_seconds(cost_model: StepCosts, context_lens: list[int], ks: list[int], lags: list[int]) -> float:
     """:func:`predict_step_seconds` with the draft's first pass priced at its real query length (module docstring):
-    request i (``ks[i]`` > 0) feeds its ``lags[i]`` unseen tokens over the ``c_i + 1 - lags[i]`` the draft holds; in
-    all ``sum lags[i]`` tokens, or ``n_1 max lags[i]`` where the cost model's ``batch_layout`` is ``padded``. For a
+    request i (``ks[i]`` > 0) feeds its ``lags[i]`` tokens over the ``c_i + 1 - lags[i]`` the draft holds; in all
+    ``sum lags[i]`` tokens, or ``n_1 max lags[i]`` where the cost model's ``batch_layout`` is ``padded``. For a
     cost model whose ``prices_catchup`` is true; with every lag 1 it is the plain formula's step."""
-    shape = step_shape(context_lens, ks)
+    lag = [g for g, k in zip(lags, ks) if k]
+    return shape_catchup_seconds(cost_model, step_shape(context_lens, ks), sum(lag), max(lag, default=0))
+
+
+def shape_catchup_seconds(cost_model: StepCosts, shape: StepShape, fed: float, longest: float) -> float:
+    """:func:`catchup_step_seconds` of a step of this shape whose proposing requests feed ``fed`` tokens in all to the
+    draft's first pass, ``longest`` at most each (requests alike, each feeding ``lag``: ``n_1 lag`` and ``lag``;
+    :mod:`simulator.studies.offline_copies`)."""
     drafts = []
     if shape.draft_passes:
         (seqs, tokens), *rest = shape.draft_passes
-        drafts = [_catchup_pass(cost_model, seqs, tokens, [g for g, k in zip(lags, ks) if k])]
+        drafts = [_fed_pass(cost_model, seqs, tokens, fed, longest)]
         drafts += [cost_model.draft_time(s, t) for s, t in rest]
     return step_seconds(cost_model.target_time(shape.batch_size, shape.query_tokens, shape.context_tokens),
-                        cost_model.overhead_time(shape.batch_size), drafts)
+                        step_overhead(cost_model, shape.batch_size, shape.query_tokens), drafts)
 
 
 def _catchup_pass(cost_model: StepCosts, seqs: int, tokens: int, lag: list[int]) -> float:
     """The draft's first pass over ``seqs`` sequences reading ``tokens`` (one new token each) priced at what it feeds:
-    each sequence's ``lag`` unseen tokens (:func:`catchup_step_seconds`)."""
+    each sequence's ``lag`` tokens (:func:`catchup_step_seconds`)."""
+    return _fed_pass(cost_model, seqs, tokens, sum(lag), max(lag))
+
+
+def _fed_pass(cost_model: StepCosts, seqs: int, tokens: float, fed: float, longest: float) -> float:
+    """The draft's first pass over ``seqs`` sequences reading ``tokens`` (one new token each) priced at what it feeds:
+    ``fed`` tokens in all, ``longest`` at most each."""
     # ragged (vLLM): the lags packed; padded (this project's real engine): every sequence fed the longest lag
-    fed = seqs * max(lag) if getattr(cost_model, "batch_layout", "ragged") == "padded" else sum(lag)
-    return cost_model.draft_time(seqs, tokens + seqs - sum(lag), fed)
+    return cost_model.draft_time(seqs, tokens + seqs - fed,
+                                 seqs * longest if getattr(cost_model, "batch_layout", "ragged") == "padded" else fed)
 
 
 def run_seconds(cost_model: StepCosts, batch_size: int, query_tokens: int, context_tokens: Sequence[int],
@@ -309,7 +356,7 @@ def run_seconds(cost_model: StepCosts, batch_size: int, query_tokens: int, conte
     """:func:`step_seconds` of each step of a run of one batch, vectorised: step j verifies ``query_tokens`` over
     ``context_tokens[j]`` and runs draft passes ``(sequences, contexts)``, pass p reading ``contexts[j]`` tokens
     at step j. The same additions in the same order as :func:`step_seconds`, bit for bit (tested)."""
-    overhead = cost_model.overhead_time(batch_size)
+    overhead = step_overhead(cost_model, batch_size, query_tokens)
     seconds = [t + overhead for t in cost_model.target_times(batch_size, query_tokens, context_tokens)]
     if draft_cost:
         for sequences, pass_contexts in draft_passes:
@@ -408,7 +455,7 @@ def tree_step_seconds(cost_model: StepCosts, step: TreeStep, draft_cost: bool, l
         drafts = [_tree_pass(cost_model, seqs, tokens, fed) if lags is None
                   else _catchup_pass(cost_model, seqs, tokens, lags)]
         drafts += [_tree_pass(cost_model, s, t, f) for s, t, f in rest]
-    return step_seconds(target, cost_model.overhead_time(step.batch_size), drafts)
+    return step_seconds(target, step_overhead(cost_model, step.batch_size, step.query_tokens), drafts)
 
 
 def predict_tree_seconds(cost_model: StepCosts, context_lens: Sequence[int], shapes: Sequence[TreeShape],
@@ -439,13 +486,14 @@ class UniformTreePricer:
     def __init__(self, cost_model: StepCosts, batch_size: int, shapes: Sequence[TreeShape], draft_cost: bool) -> None:
         self.cost_model, self.batch_size, self.shapes, self.draft_cost = cost_model, batch_size, shapes, draft_cost
         target, draft = cost_model.target_time, cost_model.draft_time
-        self.overhead = cost_model.overhead_time(batch_size)
         b, passes, self._plans = batch_size, {}, []
         for shape in shapes:
             self._plans.append([passes.setdefault((b * before, b * fed), len(passes)) for fed, before in
                                 zip(shape.expanded, shape.fed_before)] if draft_cost and b else [])
         self.queries, self.reads = [b * (shape.num_nodes + 1) for shape in shapes], list(passes)
         queries, reads = self.queries, self.reads
+        overhead_of = overhead_pricer(cost_model, batch_size)
+        self.overheads = [overhead_of(query) for query in queries]
 
         def scalar(context_tokens: int) -> tuple[list[float], list[float]]:  # the plain twin: one call a part
             return ([target(b, query, context_tokens) for query in queries],
@@ -458,9 +506,9 @@ class UniformTreePricer:
     def __call__(self, context_tokens: int) -> list[float]:
         """The seconds by shape over ``context_tokens`` tokens of context in all."""
         targets, drafts = self._parts(context_tokens)
-        out, overhead = [], self.overhead
-        for total, keys in zip(targets, self._plans):  # step_seconds' additions: verification, overhead, passes
-            total += overhead
+        out = []
+        for total, keys, overhead in zip(targets, self._plans, self.overheads):  # step_seconds' additions:
+            total += overhead  # verification, overhead, passes
             for key in keys:
                 total += drafts[key]
             out.append(float(total))
@@ -487,7 +535,7 @@ def uniform_step_pricer(cost_model: StepCosts, batch_size: int, shape: TreeShape
         return plain(context_tokens)[0]
 
     fused = getattr(cost_model, "step_pricer", None) if STEP_PRICER and batch_size else None
-    return one if fused is None else fused(batch_size, plain.queries[0], plain.reads, plain.overhead, one)
+    return one if fused is None else fused(batch_size, plain.queries[0], plain.reads, plain.overheads[0], one)
 
 
 STEP_PRICER = True

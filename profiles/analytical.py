@@ -9,6 +9,10 @@ communication and the engine's per-pass overhead::
     t = sum_op max(FLOPs_op / (peak x eff_compute), bytes_op / (bw x eff_bw)) + t_comm + t_overhead
     t_overhead = overhead_fixed_s + overhead_per_layer_s x layers
 
+where the matrix multiplications' compute efficiency may depend on the T tokens of the pass, eff(T) = eff_compute x
+T / (T + T_half) (:func:`matmul_seconds`, ``Efficiency.compute_half_tokens``; 0, a constant efficiency, unless a
+speculative calibration fitted it: :mod:`profiles.spec_calibrate`).
+
 ``t_overhead`` is what a pass costs beyond its kernels' work: launching (replaying) the pass, the gaps between
 its small kernels, preparing inputs and reading the logits back; it dominates small models (a 68M draft pass)
 and is a third of a 7B decode pass at batch 1. Its two terms and the efficiencies are fitted to the passes
@@ -80,7 +84,8 @@ experts are spread whole over the devices, a pass waits for the device with the 
 feed-forward block's all-reduce becomes DeepEP's dispatch and combine all-to-all (:mod:`profiles.architectures.moe`).
 A draft model runs unsharded on the first device (vLLM's ``speculative_draft_tensor_parallel_size = 1``), which
 makes that device the one whose memory runs out first; a draft head (EAGLE, MTP) in the target's tensor-parallel
-group, as vLLM's speculative config sizes it.
+group, as vLLM's speculative config sizes it; ``Deployment.draft_tp`` = ``tp`` shards a draft model as the target
+(vLLM V1 and SGLang run the drafter in the target's workers), paying its own all-reduces.
 
 The roofline models an engine that appends to the KV cache in place (vLLM's paged cache; this project's optimized
 forward); the HF ``DynamicCache`` of the eager measured profiles copies the whole cache on each pass, so those
@@ -99,6 +104,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from profiles.architectures import Architecture
@@ -107,7 +113,8 @@ from profiles.architectures.precision import (WEIGHT_BYTES, WEIGHT_CHOICES, chec
                                               kind_precisions)
 from profiles.architectures.sliding import attended_context, held_tokens
 from profiles.grid import GPU_GRID, Grid
-from policies.errors import UserError, exit_on_user_error
+from profiles.models.config import HEAD_SHAPES, read_model_config
+from policies.errors import FlagParser, UserError, exit_on_user_error
 from simulator.costs.profile_table import VERIFICATIONS
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -188,6 +195,16 @@ class Efficiency:
     collective_latency_s: float = 10e-6
     overhead_fixed_s: float = 9e-5
     overhead_per_layer_s: float = 6.4e-5
+    compute_half_tokens: float = 0.0
+    """Tokens T_half at which a pass's matrix multiplications reach half of ``compute``: their efficiency over T tokens
+    is ``compute x T / (T + T_half)`` (:func:`matmul_seconds`); 0: ``compute`` at every T (every profile made before
+    speculative calibration, and the shipped analytical ones)."""
+
+    def record(self) -> dict[str, float]:
+        """The fields as a profile's metadata records them; ``compute_half_tokens`` only where it is set (0, a constant
+        efficiency, is what a profile without it means: the metadata of every profile made before it stays as it
+        was)."""
+        return {k: v for k, v in asdict(self).items() if k != "compute_half_tokens" or v}
 
 
 #: Where the :class:`Efficiency` defaults come from (recorded in each profile's metadata).
@@ -223,8 +240,33 @@ class PassCost:
         return self.linear_s + self.attention_s + self.lm_head_s + self.comm_s + self.overhead_s
 
 
-def _roofline(flops: float, bytes_moved: float, gpu: GPU, eff: Efficiency) -> float:
-    return max(flops / (gpu.peak_flops * eff.compute), bytes_moved / (gpu.hbm_bandwidth * eff.bandwidth))
+def matmul_seconds(flops: Any, tokens: Any, gpu: GPU, eff: Efficiency) -> Any:
+    """Compute seconds of a pass's matrix multiplications over ``tokens`` tokens (the M dimension of each GEMM):
+    ``flops / (peak x eff(T))`` with ``eff(T) = compute x T / (T + T_half)`` (``Efficiency.compute_half_tokens``).
+
+    Why this form: a GEMM of M = T rows is cut into output tiles (128 x 128 or 64 x 128 on Hopper) spread over the
+    GPU's multiprocessors (132 on an H100 SXM); until T is a few hundred tokens there are fewer tiles than
+    multiprocessors, and partly filled waves and tiles leave tensor cores idle ("tile quantization" and "wave
+    quantization", NVIDIA, *Matrix Multiplication Background User's Guide*, docs.nvidia.com/deeplearning/performance/
+    dl-performance-matrix-multiplication). The efficiency then grows about linearly with T and saturates at the large-
+    GEMM efficiency ``compute``; T / (T + T_half) is the one-parameter curve with those two limits, and its seconds,
+    ``flops (T + T_half) / (peak compute T)``, are the large-GEMM seconds plus a constant per pass: the cost of the
+    partly filled waves. It matters in verification, where B (k + 1) tokens (a few hundred at serving batch sizes) move
+    a pass from bandwidth-bound to compute-bound; a decode pass at batch 1 stays bandwidth-bound for any T_half well
+    below the ridge point (peak FLOP/s over bytes/s, 295 tokens on an H100). ``T_half`` 0 leaves ``compute`` as is
+    (the same seconds, bit for bit). Arrays of ``flops`` and ``tokens`` give arrays."""
+    if not eff.compute_half_tokens:
+        return flops / (gpu.peak_flops * eff.compute)
+    return flops * (tokens + eff.compute_half_tokens) / (gpu.peak_flops * eff.compute * tokens)
+
+
+def _roofline(compute_s: Any, bytes_moved: Any, gpu: GPU, eff: Efficiency) -> Any:
+    """max(compute seconds, bytes / (bandwidth x efficiency)): elementwise for arrays (a pass priced at many
+    contexts or query lengths at once), Python's max for numbers."""
+    memory_s = bytes_moved / (gpu.hbm_bandwidth * eff.bandwidth)
+    if isinstance(compute_s, np.ndarray) or isinstance(memory_s, np.ndarray):
+        return np.maximum(compute_s, memory_s)
+    return max(compute_s, memory_s)
 
 
 @lru_cache(maxsize=256)
@@ -259,7 +301,7 @@ def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_l
         matmuls = layer.attention.matmuls(tokens, tp) + layer.ffn.matmuls(tokens, tp, ep, routing_gini)
         activations = (15 + 9 * (arch.attention_inputs - 1)) * arch.hidden \
             + layer.attention.activation_elements() / tp + layer.ffn.activation_elements(tp)
-        linear += count * _roofline(sum(m.flops * scale[m.kind] for m in matmuls),
+        linear += count * _roofline(matmul_seconds(sum(m.flops * scale[m.kind] for m in matmuls), tokens, gpu, eff),
                                     sum(m.weights * width[m.kind] for m in matmuls)
                                     + tokens * activations * dtype_bytes, gpu, eff)
         context = attended_context(context_len, layer.window)
@@ -269,18 +311,20 @@ def pass_cost(arch: Architecture, gpu: GPU, phase: str, batch_size: int, query_l
         else:
             kv_tokens = context + 2 * query_len
         op = layer.attention.attention(phase, tokens, batch_size, mean_keys, kv_tokens, tp, dtype_bytes)
-        attention += count * _roofline(op.flops, op.bytes, gpu, eff)
+        attention += count * _roofline(op.flops / (gpu.peak_flops * eff.compute), op.bytes, gpu, eff)
         if tp > 1:  # the attention's output all-reduced; the block's too, or its tokens sent to experts and back
             sent = layer.ffn.all_to_all_bytes(tokens, ep, fp8_dispatch)
             comm += count * (all_reduce + (all_reduce if sent is None else 2 * eff.collective_latency_s + sent / link))
     fc = 0.0
     if arch.fc_inputs:  # a head's fc layer, once a pass: its weights and each token's input and output
-        fc = _roofline(2 * tokens * arch.fc_params / tp, arch.fc_params / tp * width["mlp"]
+        fc = _roofline(matmul_seconds(2 * tokens * arch.fc_params / tp, tokens, gpu, eff),
+                       arch.fc_params / tp * width["mlp"]
                        + tokens * (arch.fc_inputs + 1) * arch.hidden * dtype_bytes, gpu, eff)
     logit_rows = tokens if phase == "decode" and all_logits else batch_size
     vocab = arch.lm_vocab  # a shared LM head is read all the same: sharing saves memory, not bandwidth
     head_bytes = (vocab * arch.hidden / tp + logit_rows * vocab / tp + 2 * tokens * arch.hidden) * dtype_bytes
-    lm_head = _roofline(2 * logit_rows * arch.hidden * vocab / tp, head_bytes, gpu, eff)
+    lm_head = _roofline(matmul_seconds(2 * logit_rows * arch.hidden * vocab / tp, logit_rows, gpu, eff), head_bytes,
+                        gpu, eff)
     if tp > 1:
         comm += eff.collective_latency_s + (tp - 1) / tp * logit_rows * vocab * dtype_bytes / link
     return PassCost(linear_s=linear + fc, attention_s=attention, lm_head_s=lm_head,
@@ -307,12 +351,19 @@ class Deployment:
     """Expert parallelism: 1, or ``tp`` (vLLM's ``--enable-expert-parallel``, SGLang's ``--ep-size``)."""
     routing_gini: float = 0.0
     """The experts' load skew (:mod:`profiles.architectures.moe`; 0: uniform routing)."""
+    draft_tp: int | None = None
+    """Tensor-parallel degree of the drafter: 1, a draft model whole on the first GPU (vLLM v0's
+    ``speculative_draft_tensor_parallel_size = 1``); or the target's ``tp``, sharded as the target (vLLM V1's EAGLE
+    and draft-model proposers, SGLang's draft worker, run in the target's workers). None: a draft head in the target's
+    group, a draft model whole (vLLM v0)."""
 
     def __post_init__(self) -> None:
         if self.gpu_key not in GPUS:
             raise UserError(f"--gpu: must be one of {', '.join(GPUS)} (got {self.gpu_key!r})")
         if isinstance(self.tp, bool) or not isinstance(self.tp, int) or self.tp < 1:
             raise UserError(f"--tp: must be an integer >= 1 (got {self.tp!r})")
+        if self.draft_tp not in (None, 1, self.tp):
+            raise UserError(f"--draft-tp: must be 1 or the target's --tp {self.tp} (got {self.draft_tp!r})")
         if self.verification not in VERIFICATIONS:
             raise UserError(f"--verification: must be one of {', '.join(VERIFICATIONS)} (got {self.verification!r})")
         check_weights(self.weights, "--weights")
@@ -331,15 +382,16 @@ class Deployment:
         gpus = f"{self.gpu_key}x{self.tp}" if self.tp > 1 else self.gpu_key
         suffix = "" if self.verification == "multi-query" else f"-{self.verification}"
         target = Architecture.from_config(self.target, "--target")
-        for prefix, arch, weights in (("", target, self.weights),
-                                      ("draft-", Architecture.from_config(self.draft, "--draft", target),
-                                       self.draft_weights)):
+        roles = (("", target, self.weights),) + ((("draft-", Architecture.from_config(self.draft, "--draft", target),
+                                                  self.draft_weights),) if self.draft else ())
+        for prefix, arch, weights in roles:
             stored = [p for p in dict.fromkeys(arch.precisions(weights)[k] for k in arch.projection_kinds)
                       if p != "bf16"]
             suffix += "".join(f"-{prefix}{p}" for p in stored)
         suffix += f"-ep{self.ep}" if self.ep > 1 else ""
         suffix += f"-gini{self.routing_gini:g}" if self.routing_gini else ""
-        return f"{gpus}-analytical{suffix}__{self.target}__{self.draft}"
+        suffix += f"-draft-tp{self.draft_tp}" if self.draft_tp not in (None, 1) else ""
+        return f"{gpus}-analytical{suffix}__{self.target}__{self.draft or 'no-draft'}"
 
 
 #: The shipped analytical profiles: a 7B pair on one GPU, a 70B pair on the fewest GPUs it fits
@@ -369,6 +421,8 @@ DEPLOYMENTS = tuple(
 #: (GiB) when deciding whether a point's KV cache fits.
 MEMORY_UTILIZATION = 0.9
 ACTIVATION_RESERVE_GIB = 2.0
+#: A deployment's roles: the target, and the drafter where it has one.
+ROLES = ("target", "draft")
 
 
 @dataclass(frozen=True)
@@ -386,9 +440,13 @@ class Placement:
     @classmethod
     def of(cls, dep: Deployment, dtype_bytes: int = 2) -> "Placement":
         target = Architecture.from_config(dep.target, "--target")
+        if not dep.draft:  # no drafter: an n-gram proposer's deployment (or none)
+            return cls({"target": target}, {"target": dep.tp}, {"target": dep.ep}, {"target": dep.weights},
+                       dtype_bytes)
         draft = Architecture.from_config(dep.draft, "--draft", target)
         head = draft.head is not None
-        placement = cls({"target": target, "draft": draft}, {"target": dep.tp, "draft": dep.tp if head else 1},
+        draft_tp = dep.draft_tp if dep.draft_tp is not None else dep.tp if head else 1
+        placement = cls({"target": target, "draft": draft}, {"target": dep.tp, "draft": draft_tp},
                         {"target": dep.ep, "draft": dep.ep if head else 1},
                         {"target": dep.weights, "draft": dep.draft_weights}, dtype_bytes)
         for role, arch in placement.archs.items():
@@ -423,10 +481,12 @@ def memory_figures(place: Placement, gpu: GPU, tp: int, dtype_bytes: int) -> dic
     into the part in its sliding layers and their window."""
     archs, tps = place.archs, place.tps
     memory: dict[str, Any] = {"device_memory_gb": gpu.memory_gib * tp}
-    for role in archs:
-        memory[f"{role}_weight_gb"] = archs[role].weight_bytes(dtype_bytes, place.weights[role], tps[role]) * tp / GIB
-    for role in archs:
-        memory[f"{role}_kv_bytes_per_token"] = archs[role].kv_bytes_per_token(dtype_bytes, tps[role]) * tp
+    for role in ROLES:  # a role without a model (no drafter) holds nothing
+        memory[f"{role}_weight_gb"] = archs[role].weight_bytes(dtype_bytes, place.weights[role], tps[role]) * tp / GIB \
+            if role in archs else 0.0
+    for role in ROLES:
+        memory[f"{role}_kv_bytes_per_token"] = archs[role].kv_bytes_per_token(dtype_bytes, tps[role]) * tp \
+            if role in archs else 0
     for role, arch in archs.items():
         windows = arch.windows
         if len(windows) > 1:
@@ -439,21 +499,24 @@ def memory_figures(place: Placement, gpu: GPU, tp: int, dtype_bytes: int) -> dic
     return memory
 
 
-def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
-                       eff: Efficiency = Efficiency()) -> tuple[pd.DataFrame, dict[str, Any]]:
+def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16", eff: Efficiency = Efficiency(),
+                       draft_eff: Efficiency | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Rows and metadata of one analytical profile over ``grid``, leaving out points whose KV cache does not fit
-    (:func:`kv_fits`)."""
+    (:func:`kv_fits`). ``draft_eff``: the draft's passes priced with these efficiencies and per-pass overhead (a
+    drafter that runs otherwise than the target: vLLM V1's head inside the engine step; default ``eff``). ``dep.draft``
+    empty: no drafter (an n-gram proposer's deployment), no draft rows."""
     gpu, dtype_bytes = GPUS[dep.gpu_key], DTYPE_BYTES[dtype]
     place = Placement.of(dep, dtype_bytes)
     archs = place.archs
+    effs = {"target": eff, "draft": eff if draft_eff is None else draft_eff}
     rows, skipped = [], 0
-    for point in grid.points():
+    for point in grid.points(tuple(archs)):
         if not kv_fits(place, gpu, point.batch_size, point.context_len + point.query_len, point.query_len):
             skipped += 1
             continue
         role = point.role
         cost = pass_cost(archs[role], gpu, point.phase, point.batch_size, point.query_len, point.context_len,
-                         dtype_bytes, place.tps[role], eff, dep.verification, place.weights[role],
+                         dtype_bytes, place.tps[role], effs[role], dep.verification, place.weights[role],
                          all_logits=role == "target", ep=place.eps[role], routing_gini=dep.routing_gini)
         rows.append({**point.as_dict(), "seconds": cost.seconds, "num_layers": archs[role].num_layers})
     frame = pd.DataFrame(rows).sort_values(["role", "phase", "batch_size", "query_len", "context_len"])
@@ -474,13 +537,14 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
         "dtype": dtype,
         "target": model("target"),
         "draft": {**model("draft"), **archs["draft"].draft_meta(),
-                  **({"pricing": HEAD_PRICING} if archs["draft"].head else {})},
+                  **({"pricing": HEAD_PRICING} if archs["draft"].head else {})} if "draft" in archs else
+        {"config": None, "note": "no drafter: a deployment for n-gram speculation (or none)"},
         "weights_note": "projection weights at their precision (profiles/architectures/precision.py: bytes with block "
                         "scales; fp8 W8A8 where the GPU has FP8, nvfp4 W4A4 where it has FP4, mxfp4 at the FP8 rate "
                         "on Blackwell, else weight-only at bf16); embeddings, norms, router and LM head bf16; KV in "
                         "dtype",
         "gpu": asdict(gpu),
-        "efficiency": asdict(eff),
+        "efficiency": eff.record(),
         "efficiency_source": EFFICIENCY_SOURCE,
         "formula": "sum over linear/attention/lm_head of max(FLOPs/(peak*compute), bytes/(bw*bandwidth)) "
                    "+ tensor-parallel all-reduces (or expert-parallel all-to-all) + overhead_fixed_s "
@@ -489,6 +553,7 @@ def analytical_profile(dep: Deployment, grid: Grid, dtype: str = "bf16",
         "points_left_out": skipped,
         "kv_fit": {"memory_utilization": MEMORY_UTILIZATION, "activation_reserve_gb": ACTIVATION_RESERVE_GIB},
         "memory": memory_figures(place, gpu, dep.tp, dtype_bytes),
+        **({"draft_efficiency": draft_eff.record()} if draft_eff is not None else {}),
         "memory_note": "one engine over tp devices: device memory summed over them; each role's weights and KV per "
                        "token summed over the devices that hold them (a draft model, on the first device only, "
                        "counted tp times), so that the simulator's budget (memory - weights) / KV per token gives the "
@@ -549,15 +614,47 @@ def fit_efficiency(measured: list[tuple[str, str, pd.DataFrame]], gpu_key: str =
     return efficiency(minimize(loss, x0, method="Nelder-Mead", options={"maxiter": 600}).x)
 
 
+# -- the command line ----------------------------------------------------------------------------------------------
+#: The draft model a shipped target is paired with when ``--draft`` is not given, here and in ``run_sim.py
+#: calibrate``: the smallest shipped whole model of the target's tokenizer (Llama 2's, Llama 3's). A target not listed
+#: (Qwen2.5-7B, whose 152,064-token vocabulary no shipped small model has; a config file) needs ``--draft``; a draft
+#: head (``eagle3-llama-3.1-8b``, ...) is given as one.
+DEFAULT_DRAFTS = {"llama-2-7b": "llama-68m", "llama-3.1-8b": "llama-3.2-1b", "llama-3.1-70b": "llama-3.2-1b"}
+
+
+def draft_for(target: str, draft: str | None) -> str:
+    """``draft``, or ``target``'s default (:data:`DEFAULT_DRAFTS`), checked to propose in the target's vocabulary: a
+    draft model samples token ids the target verifies, so their vocabularies must be one (vLLM v0 asserts equal
+    vocabulary sizes, ``SpecDecodeWorker._vocab_size`` in vllm/spec_decode/spec_decode_worker.py). A draft head's
+    vocabulary is checked where it is priced (:meth:`Architecture.head_on`). One :class:`UserError` line otherwise
+    (the target's first: a model type the roofline does not read is refused before any draft is looked for)."""
+    Architecture.from_config(target, "--target")
+    if draft is None:
+        if target not in DEFAULT_DRAFTS:
+            raise UserError(f"--draft: --target {target} has no default draft (the shipped targets' are "
+                            f"{', '.join(f'{t}: {d}' for t, d in DEFAULT_DRAFTS.items())}); give --draft, a model of "
+                            "its tokenizer or a draft head")
+        draft = DEFAULT_DRAFTS[target]
+    _, target_config = read_model_config(target, "--target")
+    _, draft_config = read_model_config(draft, "--draft", head_ok=True)
+    mine, theirs = draft_config.get("vocab_size"), target_config.get("vocab_size")
+    if "speculative_method" not in draft_config and mine != theirs:
+        hint = f" (the default for {target}: {DEFAULT_DRAFTS[target]})" if target in DEFAULT_DRAFTS else ""
+        raise UserError(f"--draft {draft}: its vocabulary of {mine} tokens is not the target {target}'s {theirs}: a draft "
+                        "model proposes the target's token ids, so it must share its tokenizer, and vLLM refuses "
+                        f"unequal vocabulary sizes; give --draft a model of the target's tokenizer{hint}")
+    return draft
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m profiles.analytical", description=__doc__.splitlines()[0],
-                                     allow_abbrev=False)
+    parser = FlagParser(prog="python -m profiles.analytical", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(DATA_DIR),
                         help="folder for the shipped profiles (default profiles/data), or with --gpu the CSV to write")
     parser.add_argument("--gpu", help=f"make one profile for this GPU ({', '.join(GPUS)}) instead of the shipped set")
     parser.add_argument("--target", default="llama-2-7b", help="target model config (shipped name or path)")
-    parser.add_argument("--draft", default="llama-68m", help="draft model config (shipped name or path), or a draft "
-                                                             "head's (eagle3-llama-3.1-8b, eagle-llama-3.1-8b, mtp)")
+    parser.add_argument("--draft", help="draft model config (shipped name or path) of the target's tokenizer, or a "
+                                        "draft head's (eagle3-llama-3.1-8b, eagle-llama-3.1-8b, mtp) (default: the "
+                                        "target's, DEFAULT_DRAFTS: llama-68m for llama-2-7b, llama-3.2-1b for Llama 3)")
     parser.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
                         help="tensor-parallel degree of the target (vLLM's --tensor-parallel-size; default 1)")
     parser.add_argument("--ep", type=int, default=1, help="expert-parallel degree: 1, or --tp to spread the experts "
@@ -582,8 +679,8 @@ def main(argv: list[str]) -> int:
         raise UserError(f"--enable-expert-parallel: spreads the experts over the --tp {args.tp} GPUs; --ep {args.ep} "
                         "says otherwise")
     ep = args.tp if args.enable_expert_parallel else args.ep
-    dep = Deployment(args.gpu, args.target, args.draft, args.tp, args.verification, args.weights, args.draft_weights,
-                     ep, args.routing_gini)
+    dep = Deployment(args.gpu, args.target, draft_for(args.target, args.draft), args.tp, args.verification,
+                     args.weights, args.draft_weights, ep, args.routing_gini)
     frame, meta = analytical_profile(dep, GPU_GRID)
     out = Path(args.out)
     if out.is_dir():

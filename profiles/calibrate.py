@@ -28,15 +28,40 @@ the loss is the sum of squared log ratios, simulated over measured, of :data:`LO
 (:func:`simulator.studies.vllm_io.vllm_style_figures`): a request whose stream carried no text counts with TTFT 0
 and no output tokens; TPOT only over outputs longer than one token.
 
+Runs with speculation (``vllm bench serve`` of a server started with ``--speculative-config``; the simulation's
+``--speculative-method`` and ``--k`` say which): each file is replayed under fixed-k speculation with the acceptance the
+file recorded (newer vLLM saves ``spec_decode_per_position_acceptance_rates``, read as acceptance by position, and
+``spec_decode_acceptance_length``, read as a per-token rate with that mean; a file without either needs
+``--acceptance-length``), and two more parameters may be fitted (:data:`SPEC_PARAMETERS`): the drafter's per-pass
+overhead and the seconds a speculative step adds beyond its passes (``spec_overhead`` rows), best with ``--start`` at the
+same deployment's calibration without speculation and ``--fit draft_pass_overhead_s,spec_overhead_s``.
+
 Held-out error: each file is predicted by the parameters fitted to the other files alone (leave-one-file-out,
 every fit started from the same defaults), and the metadata records each file's simulated and measured
-:data:`TARGET_FIGURES` and their relative errors; the shipped profile is the fit to all files. With
+:data:`TARGET_FIGURES` and their relative errors; the shipped profile is the fit to all files. One file holds nothing
+out: no held-out error is printed, and the metadata says so. With
 ``--start META.json`` the parameters not named by ``--fit`` are taken from an earlier calibration (e.g. a 70B
 deployment's two files refit what differs from the 8B deployment calibrated on the same GPU and vLLM).
+
+What the files must hold to identify the parameters fitted (:func:`identification_gaps`; a calibration that misses
+one still runs, and warns in one line, since its fit and held-out error are then not to be trusted): at least as many
+files as parameters fitted, and for each parameter a file whose workload exercises it:
+
+- ``compute``: a file that measured TTFT (prefill steps);
+- ``bandwidth``: a file that measured TPOT or ITL (decode steps);
+- ``pass_overhead_s`` and ``step_per_seq_s`` fitted together: a file at a small batch (at most
+  :data:`SMALL_BATCH` requests in flight) and one at a large batch (at least :data:`LARGE_BATCH`): the one is paid
+  per step, the other per step and sequence, and only the batch size tells them apart;
+- ``frontend_s``: a burst, at least :data:`BURST_REQUESTS` requests sent at t = 0 (``request_rate`` inf, no
+  ``max_concurrency`` below that): the API server's seconds per request add up across a burst's first tokens and
+  nowhere else.
+
+Requests in flight: a burst's requests (capped by ``max_concurrency``); at a finite rate, Little's law on the file's own
+figures, request rate x mean E2E latency (capped likewise). The thresholds are rules of thumb from the shipped runs
+(``profiles/data/vllm_lambda/``: 10 prompts pin the small-batch TPOT, 640 the large-batch one and the API server).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -47,18 +72,20 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from policies.errors import UserError
+from policies.errors import FlagParser, UserError, warn_user
 from policies.step_time import predict_step_seconds
-from profiles.analytical import GPUS, Deployment, Efficiency, analytical_profile
+from profiles.analytical import GPUS, Deployment, Efficiency, analytical_profile, draft_for
 from profiles.grid import Grid, powers_of_two
-from simulator.config import SimConfig, rate_to_json
+from simulator.config import FIELDS, SimConfig, flag_value, rate_to_json
 from simulator.costs.cost_model import CostModel, fit_cost_model
-from simulator.costs.profile_table import ProfileTable, write_profile
+from simulator.costs.profile_table import DEPLOYMENT_SETTINGS, ProfileTable, calibration_settings, write_profile
 from simulator.inputs.workload import Workload
 from simulator.studies import vllm_io
 
 #: The fitted parameters (module docstring), their defaults (the start of every fit) and units.
 PARAMETERS = ("compute", "bandwidth", "pass_overhead_s", "step_per_seq_s", "frontend_s")
+#: What runs with speculation can fit besides (module docstring), and where such a fit starts when the start has none.
+SPEC_PARAMETERS = {"draft_pass_overhead_s": 3e-4, "spec_overhead_s": 1e-4}
 
 
 @dataclass(frozen=True)
@@ -77,8 +104,11 @@ class Calibration:
     """API-server seconds per request before the engine sees it."""
     draft_pass_overhead_s: float | None = None
     """Seconds per *draft* pass beyond its kernels, where the engine drafts otherwise than it runs the target (vLLM
-    V1's EAGLE proposer: on the device, inside the engine step; fitted by :func:`fit_draft_overhead`); None: the
-    same ``pass_overhead_s`` as every pass. Not fitted to serving results (they have no speculation)."""
+    V1's EAGLE proposer: on the device, inside the engine step; fitted by :func:`fit_draft_overhead`, or to serving
+    results with speculation); None: the same ``pass_overhead_s`` as every pass."""
+    spec_overhead_s: float | None = None
+    """Seconds a speculative step spends beyond its passes (the rejection sampler, the proposer's host work: the
+    profile's ``spec_overhead`` rows); fitted to serving results with speculation; None: none."""
 
     def efficiency(self) -> Efficiency:
         """The analytical model's efficiencies and per-pass overhead (its per-layer term folded into the fixed one)."""
@@ -119,11 +149,15 @@ class Result:
     """Its successful requests (:func:`simulator.studies.vllm_io.replay_trace`), an empty output as 1 token."""
     empty: np.ndarray
     """Per request of :attr:`workload`: its stream carried no text (vLLM counts it with TTFT 0 and no tokens)."""
+    acceptance: dict[str, Any]
+    """The acceptance settings its replay runs with (:func:`run_acceptance`; empty without speculation)."""
 
 
-def read_results(paths: Sequence[str], seed: int = 0) -> list[Result]:
+def read_results(paths: Sequence[str], seed: int = 0, k: int = 0,
+                 acceptance_length: float | None = None) -> list[Result]:
     """The files, each read by :func:`simulator.studies.vllm_io.read_vllm_result` (per-request lists required), their
-    workloads replayed with ``seed`` (it draws the arrivals of a finite ``request_rate``)."""
+    workloads replayed with ``seed`` (it draws the arrivals of a finite ``request_rate``); ``k`` > 0: runs with
+    speculation of k tokens, each with its recorded acceptance (:func:`run_acceptance`)."""
     if not paths:
         raise UserError("calibrate: give one or more vllm bench serve --save-result JSON files")
     out = []
@@ -133,8 +167,34 @@ def read_results(paths: Sequence[str], seed: int = 0) -> list[Result]:
         workload = Workload(arrival_time=trace["arrival_time"].to_numpy(float),
                             prompt_tokens=trace["prompt_tokens"].to_numpy(np.int64),
                             output_tokens=trace["output_tokens"].to_numpy(np.int64), source=str(path))
-        out.append(Result(str(path), data, measured_figures(data), workload, trace["empty_output"].to_numpy(bool)))
+        acceptance = run_acceptance(str(path), data, k, acceptance_length) if k else {}
+        out.append(Result(str(path), data, measured_figures(data), workload, trace["empty_output"].to_numpy(bool),
+                          acceptance))
     return out
+
+
+def run_acceptance(path: str, data: dict, k: int, acceptance_length: float | None) -> dict[str, Any]:
+    """The simulation's acceptance settings for a run with speculation of ``k`` tokens: the file's per-position rates
+    (vLLM's ``spec_decode_per_position_acceptance_rates``: accepted at position j / drafts) as the ``position`` model's
+    conditional rates r_j / r_(j-1); else an acceptance length (``acceptance_length`` given, else the file's
+    ``spec_decode_acceptance_length``) as the per-token rate a with (1 - a^(k+1)) / (1 - a) = that length (Leviathan et
+    al., ICML 2023); a file with neither and no ``--acceptance-length`` is refused."""
+    from scipy.optimize import brentq
+
+    rates = data.get(vllm_io.PER_POSITION_KEY)
+    if acceptance_length is None and rates and len(rates) >= k and all(r > 0 for r in rates[:k]):
+        conditional = [rates[0]] + [min(1.0, b / a) for a, b in zip(rates[:k - 1], rates[1:k])]
+        return {"acceptance": "position", "acceptance_positions": tuple(float(r) for r in conditional)}
+    length = acceptance_length if acceptance_length is not None else data.get("spec_decode_acceptance_length")
+    if not length:
+        raise UserError(f"{path}: no spec_decode_acceptance_length or per-position rates (vLLM before they were "
+                        "saved): give --acceptance-length, the acceptance length the server logged")
+    if not 1.0 <= length <= k + 1:
+        raise UserError(f"{path}: acceptance length {length} outside [1, k + 1 = {k + 1}] (--k, --acceptance-length)")
+    if length >= k + 1:
+        return {"acceptance": "constant", "acceptance_rate": 1.0}
+    rate = brentq(lambda a: sum(a ** j for j in range(k + 1)) - length, 0.0, 1.0)
+    return {"acceptance": "constant", "acceptance_rate": float(rate)}
 
 
 def measured_figures(data: dict) -> dict[str, float]:
@@ -158,7 +218,8 @@ def simulated_figures(result: Result, base: SimConfig, cost: CostModel) -> dict[
 
     concurrency = result.data["max_concurrency"]  # an int or None (read_vllm_result)
     config = base.replace(arrival="trace", trace=result.path, rate=None, trace_speedup=None, cv=1.0,
-                          max_concurrency=base.workload.max_concurrency if concurrency is None else concurrency)
+                          max_concurrency=base.workload.max_concurrency if concurrency is None else concurrency,
+                          **result.acceptance)
     run = run_simulation(config, workload=result.workload, cost=cost)
     requests, empty = run.requests, result.empty
     figures = vllm_io.vllm_style_figures(requests, empty)
@@ -181,7 +242,11 @@ class Fitter:
     def __init__(self, dep: Deployment, base: SimConfig, results: Sequence[Result]) -> None:
         self.dep, self.base, self.results = dep, base, list(results)
 
-    def cost(self, cal: Calibration, grid: Grid = FIT_GRID) -> CostModel:
+    def cost(self, cal: Calibration, grid: Grid | None = None) -> CostModel:
+        """The candidate's cost model: over :data:`FIT_GRID` for runs without speculation (one token a sequence), over
+        :data:`CALIBRATION_GRID` (query lengths to 9, the draft's rows) for runs with it."""
+        if grid is None:
+            grid = CALIBRATION_GRID if self.base.speculative.policy != "no-spec" else FIT_GRID
         frame, meta = calibrated_profile(self.dep, cal, grid)
         return fit_cost_model(ProfileTable(frame=frame, meta=meta, path="calibration candidate"), "interp")
 
@@ -223,7 +288,11 @@ def calibrated_profile(dep: Deployment, cal: Calibration, grid: Grid) -> tuple[p
                              "seconds": [cal.step_per_seq_s * b for b in grid.batch_sizes]})
     frontend = pd.DataFrame({"role": ["target"], "phase": ["frontend"], "batch_size": [1], "query_len": [0],
                              "context_len": [0], "seconds": [cal.frontend_s]})
-    return pd.concat([frame, overhead, frontend], ignore_index=True), meta
+    parts = [frame, overhead, frontend]
+    if cal.spec_overhead_s:  # what a speculative step adds beyond its passes, at any batch and query length
+        parts.append(pd.DataFrame({"role": "target", "phase": "spec_overhead", "batch_size": list(grid.batch_sizes),
+                                   "query_len": 2, "context_len": 0, "seconds": cal.spec_overhead_s}))
+    return pd.concat(parts, ignore_index=True), meta
 
 
 def figure_rows(result: Result, simulated: dict[str, float]) -> list[dict[str, Any]]:
@@ -232,14 +301,59 @@ def figure_rows(result: Result, simulated: dict[str, float]) -> list[dict[str, A
              "relative_error": e} for k, e in relative_errors(simulated, result.measured, TARGET_FIGURES).items()]
 
 
+#: Requests in flight at most for a file to pin the small-batch step (module docstring).
+SMALL_BATCH = 16
+#: Requests in flight at least for a file to pin the large-batch step (module docstring).
+LARGE_BATCH = 256
+#: Requests sent at t = 0 at least for a file to pin the API server's seconds per request (module docstring).
+BURST_REQUESTS = 100
+
+
+def in_flight(result: Result) -> float:
+    """Requests ``result``'s run held in flight (module docstring): a burst's, else request rate x mean E2E latency
+    (Little's law), capped by its requests and its ``max_concurrency``."""
+    n = len(result.workload.prompt_tokens)
+    cap = min(n, result.data["max_concurrency"] or n)
+    rate = result.data["request_rate"]
+    if math.isinf(rate):
+        return float(cap)
+    e2el = result.measured.get("mean_e2el_ms") or vllm_io.vllm_figures(result.data).get("mean_e2el_ms")
+    return min(float(cap), rate * e2el / 1e3) if e2el else float(cap)
+
+
+def identification_gaps(results: Sequence[Result], names: Sequence[str]) -> list[str]:
+    """What ``results`` lack to identify the parameters ``names`` (module docstring), one phrase each; empty: nothing."""
+    gaps = []
+    if len(results) < len(names):
+        gaps.append(f"fewer files ({len(results)}) than parameters fitted ({len(names)})")
+    measured = [vllm_io.vllm_figures(r.data) | r.measured for r in results]
+    if "compute" in names and not any("mean_ttft_ms" in m for m in measured):
+        gaps.append("no file measured TTFT, which compute is fitted to")
+    if "bandwidth" in names and not any("median_tpot_ms" in m or "median_itl_ms" in m for m in measured):
+        gaps.append("no file measured TPOT or ITL, which bandwidth is fitted to")
+    flights = [in_flight(r) for r in results]
+    if "pass_overhead_s" in names and "step_per_seq_s" in names:
+        if not any(f <= SMALL_BATCH for f in flights):
+            gaps.append(f"no file at a small batch (at most {SMALL_BATCH} requests in flight) to pin pass_overhead_s")
+        if not any(f >= LARGE_BATCH for f in flights):
+            gaps.append(f"no file at a large batch (at least {LARGE_BATCH} requests in flight) to pin step_per_seq_s")
+    bursts = [r for r, f in zip(results, flights) if math.isinf(r.data["request_rate"]) and f >= BURST_REQUESTS]
+    if "frontend_s" in names and not bursts:
+        gaps.append(f"no burst of at least {BURST_REQUESTS} requests sent at t = 0 (request_rate inf) to pin "
+                    "frontend_s")
+    return gaps
+
+
 def held_out(fitter: Fitter, names: Sequence[str], start: Calibration, max_evals: int,
              log: Any = None) -> list[dict[str, Any]]:
     """Leave-one-file-out: each file's :data:`TARGET_FIGURES` predicted by the fit to the others
-    (:func:`figure_rows`)."""
-    rows = []
+    (:func:`figure_rows`); none with one file (nothing to hold out)."""
+    rows: list[dict[str, Any]] = []
+    if len(fitter.results) < 2:
+        return rows
     for i, result in enumerate(fitter.results):
         others = fitter.results[:i] + fitter.results[i + 1:]
-        cal = fitter.fit(start, names, others, max_evals) if others else start
+        cal = fitter.fit(start, names, others, max_evals)
         predicted = figure_rows(result, simulated_figures(result, fitter.base, fitter.cost(cal, CALIBRATION_GRID)))
         rows += predicted
         if log:
@@ -249,13 +363,25 @@ def held_out(fitter: Fitter, names: Sequence[str], start: Calibration, max_evals
 
 
 def calibrate(paths: Sequence[str], dep: Deployment, base: SimConfig, out: Path, names: Sequence[str],
-              start: Calibration, max_evals: int, log: Any = print) -> dict[str, Any]:
-    """Fit, measure the held-out error, write the profile; returns its metadata's ``calibration`` block."""
-    results = read_results(paths, base.run.seed)
+              start: Calibration, max_evals: int, log: Any = print,
+              acceptance_length: float | None = None) -> dict[str, Any]:
+    """Fit, measure the held-out error, write the profile; returns its metadata's ``calibration`` block. Files that
+    cannot identify what is fitted (:func:`identification_gaps`) give one :class:`policies.errors.InputWarning`.
+    ``base`` with a speculative policy: the files are runs with speculation (module docstring)."""
+    spec = base.speculative
+    results = read_results(paths, base.run.seed, spec.k if spec.policy != "no-spec" else 0, acceptance_length)
     fitter = Fitter(dep, base, results)
+    gaps = identification_gaps(results, names)
+    if gaps:
+        warn_user(f"calibrate: these {len(results)} file(s) cannot identify the {len(names)} parameter(s) fitted: "
+                  + "; ".join(gaps) + ": the fit and its held-out error are not to be trusted (add such runs, or fit "
+                  "fewer parameters with --start and --fit)")
     log(f"calibrating {', '.join(names) or 'nothing'} on {len(results)} file(s) of {dep.target} on "
         f"{dep.tp} x {dep.gpu_key}")
     rows = held_out(fitter, names, start, max_evals, log)
+    if len(results) < 2:
+        log("nothing held out: with one file there is no other to fit and predict it from (give two or more files "
+            "for a held-out error)")
     cal = fitter.fit(start, names, results, max_evals)
     cost = fitter.cost(cal, CALIBRATION_GRID)
     fitted = [row for result in results for row in figure_rows(result, simulated_figures(result, base, cost))]
@@ -271,11 +397,17 @@ def calibrate(paths: Sequence[str], dep: Deployment, base: SimConfig, out: Path,
         "parameters": parameters(cal),
         "parameter_units": {"compute": "fraction of peak FLOP/s", "bandwidth": "fraction of peak HBM bytes/s",
                             "pass_overhead_s": "s per pass", "step_per_seq_s": "s per step and sequence",
-                            "frontend_s": "s per request"},
+                            "frontend_s": "s per request", "draft_pass_overhead_s": "s per draft pass",
+                            "spec_overhead_s": "s per speculative step"},
+        **({"speculation": {"speculative_method": base.speculative.proposer_method, "k": base.speculative.k,
+                            "acceptance": {Path(r.path).name: r.acceptance for r in results}}}
+           if base.speculative.policy != "no-spec" else {}),
         "held_out": rows,
         "held_out_summary": {"median_abs_error": float(np.median(errors)) if errors else None,
                              "max_abs_error": float(max(errors)) if errors else None,
-                             "method": "leave-one-file-out: each file predicted by the fit to the others"},
+                             "method": "leave-one-file-out: each file predicted by the fit to the others"
+                             if len(results) > 1 else "nothing held out: one file"},
+        "identification_gaps": gaps,
         "in_sample": fitted,
         "loss_figures": list(LOSS_FIGURES),
     }
@@ -287,9 +419,9 @@ def calibrate(paths: Sequence[str], dep: Deployment, base: SimConfig, out: Path,
     return block
 
 
-#: The config fields that describe the vLLM deployment (recorded in the profile's metadata).
-SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_utilization", "scheduler",
-            "num_scheduler_steps", "cuda_graph_sizes", "enable_prefix_caching", "num_gpu_blocks")
+#: The config fields that describe the vLLM deployment, recorded in the profile's metadata (``calibration.settings``)
+#: and taken from it as defaults by the simulator's commands.
+SETTINGS = DEPLOYMENT_SETTINGS
 
 
 def parameters(cal: Calibration) -> dict[str, float]:
@@ -332,31 +464,34 @@ def _meta_of(path: str) -> Path:
 
 
 # -- a draft head's per-pass overhead, fitted to published single-sequence runs ------------------------------
-#: Columns of a table of published single-sequence runs (profiles/data/vllm_eagle/): the head's config name (``none``:
-#: no speculation), vLLM's ``num_speculative_tokens`` k, the mean acceptance length (bonus included) and TPOT (ms).
-TABLE_COLUMNS = ("draft", "num_speculative_tokens", "acceptance_length", "tpot_ms")
 #: Tokens in the KV cache at every step (MT-Bench: a prompt of about 170 tokens with its chat template, answers of
 #: up to 256).
 CONTEXT_LEN = 300
 
 
 def read_table(path: str) -> pd.DataFrame:
-    """The table (:data:`TABLE_COLUMNS`), checked: k >= 0 whole, 1 <= AL <= k + 1, TPOT > 0; one line per problem."""
-    try:
-        table = pd.read_csv(path)
-    except FileNotFoundError:
-        raise UserError(f"--fit-draft-to {path}: file not found") from None
-    except (OSError, ValueError, pd.errors.ParserError) as exc:
-        raise UserError(f"--fit-draft-to {path}: not a CSV table ({exc})".splitlines()[0]) from None
-    missing = [c for c in TABLE_COLUMNS if c not in table.columns]
-    if missing:
-        raise UserError(f"--fit-draft-to {path}: missing column {missing[0]!r} (needs {', '.join(TABLE_COLUMNS)})")
-    for i, row in table.iterrows():
-        k, al, tpot = row["num_speculative_tokens"], row["acceptance_length"], row["tpot_ms"]
-        if not (float(k).is_integer() and k >= 0) or not 1 <= al <= k + 1 or not tpot > 0:
-            raise UserError(f"--fit-draft-to {path}: row {i + 2}: needs a whole k >= 0, 1 <= acceptance_length <= k + 1 "
-                            f"and tpot_ms > 0 (got k {k}, acceptance_length {al}, tpot_ms {tpot})")
-    return table
+    """The single-request TPOT rows of a published table (:mod:`profiles.published`; ``batch_kind`` batch1, ``figure``
+    tpot_ms) as ``draft`` (the drafter's shipped config, ``none`` without speculation), ``num_speculative_tokens``,
+    ``acceptance_length`` (bonus included; 1 without speculation) and ``tpot_ms``; a speculative row needs its
+    acceptance length."""
+    from profiles.published import config_name, read_published
+
+    if not Path(path).is_file():
+        raise UserError(f"--fit-draft-to {path}: file not found")
+    rows = []
+    for row in read_published(path):
+        if row["batch_kind"] != "batch1" or row["figure"] != "tpot_ms":
+            continue
+        speculative = row["method"] != "none"
+        if speculative and row["acceptance_length"] is None:
+            raise UserError(f"--fit-draft-to {path}: line {row['line']}: acceptance_length is needed for a speculative "
+                            "TPOT (step seconds = TPOT x acceptance length)")
+        rows.append({"draft": config_name(row["drafter"], f"{path}: line {row['line']}: drafter") if speculative
+                     else "none", "num_speculative_tokens": row["num_speculative_tokens"],
+                     "acceptance_length": row["acceptance_length"] if speculative else 1.0, "tpot_ms": row["value"]})
+    if not rows:
+        raise UserError(f"--fit-draft-to {path}: no single-request TPOT row (batch_kind batch1, figure tpot_ms)")
+    return pd.DataFrame(rows)
 
 
 def head_cost_model(dep: Deployment, cal: Calibration) -> CostModel:
@@ -471,9 +606,8 @@ def read_start(path: str, flag: str = "--start") -> Calibration:
     """The parameters of an earlier calibration's ``.meta.json`` (or its profile CSV); ``flag`` names the input."""
     try:
         params = json.loads(_meta_of(path).read_text())["calibration"]["parameters"]
-        draft = params.get("draft_pass_overhead_s")
         return Calibration(**{k: float(params[k]) for k in PARAMETERS},
-                           draft_pass_overhead_s=None if draft is None else float(draft))
+                           **{k: None if params.get(k) is None else float(params[k]) for k in SPEC_PARAMETERS})
     except FileNotFoundError:
         raise UserError(f"{flag} {path}: file not found (a calibrated profile .csv with its .meta.json)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -483,27 +617,42 @@ def read_start(path: str, flag: str = "--start") -> Calibration:
 def main(argv: list[str]) -> int:
     from simulator.studies.specs import parse_field_value
 
-    parser = argparse.ArgumentParser(prog="run_sim.py calibrate", description=__doc__.splitlines()[0],
-                                     allow_abbrev=False)
+    if "--published" in argv:  # speculative runs of an engine (published tables): profiles/spec_calibrate.py
+        from profiles.spec_calibrate import main as spec_main
+
+        return spec_main(argv)
+    parser = FlagParser(prog="run_sim.py calibrate", description=__doc__.splitlines()[0],
+                        epilog="calibrate --published TABLE ... fits speculative costs to an engine's own speculative "
+                               "runs instead (run_sim.py calibrate --published X --help)")
     parser.add_argument("results", nargs="*", help="vllm bench serve --save-result JSON files of one deployment")
     parser.add_argument("--transfer-from", metavar="PROFILE", help="fit nothing: write the deployment's profile with "
                                                                    "this calibrated profile's parameters (another GPU "
                                                                    "or model; the roofline moves by the datasheet)")
     parser.add_argument("--fit-draft-to", metavar="TABLE", help="with --transfer-from: fit the draft's per-pass "
-                        "overhead to published single-sequence runs of --draft (CSV: draft, num_speculative_tokens, "
-                        "acceptance_length, tpot_ms; profiles/data/vllm_eagle/); the other drafts' rows held out")
+                        "overhead to published single-sequence runs of --draft (a published table, profiles/data/"
+                        "README.md: its batch1 tpot_ms rows; profiles/data/vllm_eagle/); the other drafts' rows held out")
     parser.add_argument("--gpu", required=True, help=f"the deployment's GPU: {', '.join(GPUS)}")
     parser.add_argument("--target", required=True, help="the served model's config (a shipped name such as "
                                                         "llama-3.1-8b, or a config.json path)")
-    parser.add_argument("--draft", default="llama-3.2-1b", help="a draft model priced by the same calibrated model, "
-                                                                "for speculation what-ifs (default llama-3.2-1b)")
+    parser.add_argument("--draft", help="a draft model of the target's tokenizer (or a draft head) priced by the same "
+                                        "calibrated model, for speculation what-ifs (default: the target's, as "
+                                        "python -m profiles.analytical pairs it: llama-3.2-1b for Llama 3, llama-68m "
+                                        "for llama-2-7b)")
     parser.add_argument("--tp", "--tensor-parallel-size", dest="tp", type=int, default=1,
                         help="tensor-parallel degree of the deployment (vLLM's --tensor-parallel-size; default 1)")
     parser.add_argument("--fit", default=",".join(PARAMETERS),
-                        help=f"parameters to fit, comma-separated, of {', '.join(PARAMETERS)} (default: all)")
+                        help=f"parameters to fit, comma-separated, of {', '.join(PARAMETERS)} (default: all) and, for "
+                             f"runs with speculation, {', '.join(SPEC_PARAMETERS)}")
     parser.add_argument("--start", help="take the parameters not fitted (and the fit's start) from this earlier "
-                                        "calibrated profile (.csv or .meta.json)")
+                                        "calibrated profile (.csv or .meta.json), and the vLLM settings it records "
+                                        "as defaults of the settings flags below")
     parser.add_argument("--max-evals", type=int, default=300, help="simulations of the file set per fit (default 300)")
+    parser.add_argument("--k", type=int, help="the runs speculated k tokens a step (vLLM's num_speculative_tokens; "
+                                              "leave out for runs without speculation)")
+    parser.add_argument("--speculative-method", help="the runs' speculative method (vLLM's names: eagle, eagle3, "
+                                                     "draft_model, ngram; default: as --draft is a head or a model)")
+    parser.add_argument("--acceptance-length", type=float, help="the runs' mean acceptance length (bonus included), "
+                        "for files that do not record it (vLLM before spec_decode_acceptance_length was saved)")
     parser.add_argument("--out", required=True, help="the profile CSV to write (its .meta.json beside it)")
     settings = parser.add_argument_group("the vLLM settings the results ran with (simulate's flags of the same names; "
                                          "default: the simulator's)")
@@ -517,11 +666,17 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.fit.split(",") if n.strip()]
     for n in names:
-        if n not in PARAMETERS:
-            raise UserError(f"--fit: unknown parameter {n!r} (one of {', '.join(PARAMETERS)})")
+        if n not in PARAMETERS and n not in SPEC_PARAMETERS:
+            raise UserError(f"--fit: unknown parameter {n!r} (one of {', '.join([*PARAMETERS, *SPEC_PARAMETERS])})")
+    if args.k is not None and args.k < 1:
+        raise UserError(f"--k: runs with speculation have k >= 1 (got {args.k}; leave --k out for runs without)")
+    if (args.acceptance_length is not None or args.speculative_method is not None) and args.k is None:
+        raise UserError("--acceptance-length, --speculative-method: for runs with speculation: give --k too")
+    if any(n in SPEC_PARAMETERS for n in names) and args.k is None:
+        raise UserError(f"--fit {args.fit}: {', '.join(SPEC_PARAMETERS)} are fitted to runs with speculation (--k)")
     if args.max_evals < 1:
         raise UserError(f"--max-evals: must be >= 1 (got {args.max_evals})")
-    dep = Deployment(args.gpu, args.target, args.draft, args.tp)
+    dep = Deployment(args.gpu, args.target, draft_for(args.target, args.draft), args.tp)
     out = Path(args.out)
     if out.suffix.lower() != ".csv":
         raise UserError(f"--out {out}: the profile is a .csv (its .meta.json is written beside it)")
@@ -543,16 +698,30 @@ def main(argv: list[str]) -> int:
         return 0
     if not args.results:
         raise UserError("calibrate: give one or more vllm bench serve --save-result JSON files (or --transfer-from)")
-    given = {name: getattr(args, name) for name in SETTINGS if getattr(args, name) is not None}
-    base = SimConfig.of(arrival="trace", trace="-", rate=None, **{
-        name: value if isinstance(value, bool) else parse_field_value(name, value) for name, value in given.items()})
+    given = {name: value if isinstance(value, bool) else parse_field_value(name, value)
+             for name in SETTINGS if (value := getattr(args, name)) is not None}
+    if args.start:  # the earlier calibration's vLLM settings, as the simulator's commands take a profile's
+        inherited = {k: v for k, v in calibration_settings(args.start).items() if k not in given}
+        shown = [flag_value(k, v) for k, v in inherited.items() if v != FIELDS[k].default]
+        if shown:
+            print(f"--start {args.start}: vLLM settings of its calibration, taken as defaults (a flag overrides "
+                  "them): " + ", ".join(shown))
+        given = {**inherited, **given}
+    speculation = {} if args.k is None else {"policy": "fixed-k", "k": args.k, **(
+        {"speculative_method": args.speculative_method} if args.speculative_method else {})}
+    base = SimConfig.of(arrival="trace", trace="-", rate=None, **speculation, **given)
     start = read_start(args.start) if args.start else Calibration()
-    block = calibrate(args.results, dep, base, out, names, start, args.max_evals)
+    start = replace(start, **{n: default for n, default in SPEC_PARAMETERS.items()
+                              if n in names and getattr(start, n) is None})
+    block = calibrate(args.results, dep, base, out, names, start, args.max_evals,
+                      acceptance_length=args.acceptance_length)
     summary = block["held_out_summary"]
     print("parameters: " + ", ".join(f"{k} {v:.4g}" for k, v in block["parameters"].items()))
     if summary["median_abs_error"] is not None:
         print(f"held-out error over {len(block['held_out'])} figures: median {summary['median_abs_error']:.1%}, "
               f"worst {summary['max_abs_error']:.1%}")
+    else:
+        print(f"held-out error: none ({summary['method']})")
     print(f"profile: {out}")
     return 0
 

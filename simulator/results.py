@@ -7,8 +7,12 @@ final name (``os.replace`` is atomic on POSIX). A run directory is complete when
 is written last, and removed first when a run starts writing into a folder that holds an older one.
 
 Output folders: :func:`prepare_out_dir` checks one before any work (``--out ""``, a file, a folder that cannot
-be made or written), takes its lock (:class:`FolderLock`: two commands writing into one folder at once are
-refused, naming the other's process) and removes the temporary files a killed run left behind.
+be made or written, a folder holding another kind of result), takes its lock (:class:`FolderLock`: two commands
+writing into one folder at once are refused, naming the other's process) and removes the temporary files a killed run
+left behind. Each command writes one kind of result (:data:`RESULT_KINDS`: a run, a sweep, a tune, ...) and records it
+in the folder (``.specsim-kind``); a folder that holds another kind (recorded, or told by its files when it was
+written before kinds were recorded) is refused, so that a run's ``summary.json`` never lands among a sweep's files,
+nor a sweep's ``summary.csv`` beside a run's.
 """
 from __future__ import annotations
 
@@ -37,6 +41,22 @@ def _umask() -> int:
 FILE_MODE = 0o666 & ~_umask()
 #: The lock file of an output folder.
 LOCK_NAME = ".specsim.lock"
+#: The file that records which kind of result a folder holds (:func:`folder_kind`).
+KIND_NAME = ".specsim-kind"
+#: Each kind of result a command writes into its folder -> (what it is called, the files that tell it in a folder
+#: written before kinds were recorded). Tried in this order: a replay also holds a run's files and a compare's, a tune
+#: a sweep's.
+RESULT_KINDS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "replay": ("compare's replay of a vLLM result", ("replayed_workload.csv",)),
+    "tune": ("tune", ("tune.csv",)),
+    "advise": ("advise study", ("advice.json", "ranking.csv")),
+    "run": ("simulate run", ("summary.json", "requests.csv", "requests.parquet")),
+    "sweep": ("sweep", ("summary.csv", "runs")),
+    "compare": ("compare", ("compare.csv",)),
+    "disagg": ("disagg study", ("cells.csv", "goodput.csv")),
+    "demo": ("demo", ("crossover.png",)),
+    "validate": ("validate run", ("validate.csv",)),
+}
 
 
 def atomic_write(path: str | Path, write: Callable[[IO[str]], None]) -> None:
@@ -78,9 +98,26 @@ def _clean(value: Any) -> Any:
 
 
 # -- output folders ------------------------------------------------------------------------------------------
-def check_out_dir(out: str | Path | None, flag: str = "--out") -> Path:
+def folder_kind(folder: Path) -> tuple[str, str] | None:
+    """The kind of result ``folder`` holds (:data:`RESULT_KINDS`) and what tells it (its record, or a file of that
+    kind); None for a folder that holds none."""
+    try:
+        recorded = (folder / KIND_NAME).read_text().strip()
+    except OSError:
+        recorded = ""
+    if recorded in RESULT_KINDS:
+        return recorded, KIND_NAME
+    for kind, (_, files) in RESULT_KINDS.items():
+        for name in files:
+            if (folder / name).exists():
+                return kind, name
+    return None
+
+
+def check_out_dir(out: str | Path | None, flag: str = "--out", kind: str | None = None) -> Path:
     """The output folder ``out``, made if missing, after checking that results can be written there; any problem
-    (empty name, a file, cannot be made, not writable) is a one-line :class:`UserError` before any work."""
+    (empty name, a file, cannot be made, not writable, another ``kind`` of result there: :func:`folder_kind`) is a
+    one-line :class:`UserError` before any work. ``kind``: what the command writes, recorded in the folder."""
     if out is None or not str(out).strip():
         raise UserError(f"{flag}: an output folder is required (got {str(out or '')!r})")
     path = Path(out)
@@ -96,6 +133,14 @@ def check_out_dir(out: str | Path | None, flag: str = "--out") -> Path:
         os.unlink(probe)
     except OSError as exc:
         raise UserError(f"{flag} {out}: cannot write into the output folder ({exc.strerror or exc})") from None
+    if kind is not None:
+        held = folder_kind(path)
+        if held is not None and held[0] != kind:
+            told = f"recorded in {KIND_NAME}" if held[1] == KIND_NAME else f"its {held[1]}"
+            raise UserError(f"{flag} {out}: holds a {RESULT_KINDS[held[0]][0]}'s results ({told}); a "
+                            f"{RESULT_KINDS[kind][0]} would mix its files with them: choose another folder")
+        if held is None:
+            atomic_write(path / KIND_NAME, lambda f: f.write(kind + "\n"))
     return path
 
 
@@ -153,10 +198,11 @@ def remove_stale_temporaries(*folders: Path) -> int:
     return removed
 
 
-def prepare_out_dir(out: str | Path | None, flag: str = "--out") -> tuple[Path, FolderLock]:
-    """Check ``out`` (:func:`check_out_dir`), lock it and clean a killed run's temporaries; returns the folder and
-    the lock, held until released (``with lock:`` or ``lock.__exit__()``; the process's end releases it too)."""
-    path = check_out_dir(out, flag)
+def prepare_out_dir(out: str | Path | None, kind: str, flag: str = "--out") -> tuple[Path, FolderLock]:
+    """Check ``out`` for a result of ``kind`` (:func:`check_out_dir`), lock it and clean a killed run's temporaries;
+    returns the folder and the lock, held until released (``with lock:`` or ``lock.__exit__()``; the process's end
+    releases it too)."""
+    path = check_out_dir(out, flag, kind)
     lock = FolderLock(path, flag).__enter__()
     remove_stale_temporaries(path, path / "runs")
     return path, lock

@@ -111,6 +111,19 @@ def nested_config_case(extra: dict) -> Callable[[Path], list[str]]:
     return build
 
 
+def earlier(d: Path, name: str | None = None, text: str = "") -> str:
+    """A folder ``d/earlier`` holding an earlier result: the file ``name``, or else a simulate run's (run here)."""
+    folder = d / "earlier"
+    if name is None:
+        from simulator.studies.cli import main
+
+        assert main(["simulate", "--rate", "2", "--num-requests", "4", "--out", str(folder)]) == 0
+    else:
+        folder.mkdir()
+        write(folder, name, text)
+    return str(folder)
+
+
 def sweep(d: Path, *flags: str) -> list[str]:
     return ["sweep", "--profile", profile(d), "--num-requests", "10", "--num-gpu-blocks", "2000", "--workers", "1",
             "--quiet", *flags, "--out", str(d / "sweep")]
@@ -141,6 +154,15 @@ def vllm_case(changes: dict | None = None, text: str | None = None) -> Callable[
         data = {k: v for k, v in {**VLLM_RESULT, **(changes or {})}.items() if v is not None}
         path = write(d, "result.json", json.dumps(data) if text is None else text)
         return ["compare", path, "--profile", profile(d), "--out", str(d / "out")]
+    return build
+
+
+def calibrate_case(changes: dict | None = None) -> Callable[[Path], list[str]]:
+    """``calibrate RESULT.json``: fit :data:`VLLM_RESULT` with ``changes``."""
+    def build(d: Path) -> list[str]:
+        path = write(d, "result.json", json.dumps({**VLLM_RESULT, **(changes or {})}))
+        return ["calibrate", path, "--gpu", "h100-80gb", "--target", "llama-3.1-8b", "--max-evals", "1", "--out",
+                str(d / "p.csv")]
     return build
 
 
@@ -232,13 +254,55 @@ CASES: list[Case] = [
          needle="not a folder"),
     Case("flags", "--out under a file", lambda d: simulate(d, *SMALL)[:-1] + [write(d, "afile", "x") + "/sub"],
          needle="cannot create"),
+    Case("flags", "--replicas with an empty entry", lambda d: simulate(d, *SMALL, "--replicas", "a,,b"),
+         needle="--replicas a,,b: an empty entry"),
+    Case("flags", "--replicas with a trailing comma", lambda d: simulate(d, *SMALL, "--replicas", "a,b,"),
+         needle="--replicas a,b,: an empty entry"),
+    Case("flags", "--acceptance-by-rank with a gap in its ranks",
+         lambda d: simulate(d, *SMALL, "--policy", "fixed-k", "--acceptance-by-rank",
+                            write(d, "ranks.csv", "depth,rank,probability\n1,0,0.5\n1,2,0.1\n2,0,0.6\n")),
+         needle="ranks.csv: depth 1 has no row of rank 1"),
+    Case("flags", "--acceptance-by-rank with a gap in its depths",
+         lambda d: simulate(d, *SMALL, "--policy", "fixed-k", "--acceptance-by-rank",
+                            write(d, "ranks.csv", "depth,rank,probability\n1,0,0.5\n3,0,0.6\n")),
+         needle="ranks.csv: depth 2 has no row"),
+    Case("flags", "bench --fleet -1", lambda d: ["bench", "--fleet", "-1"], needle="--fleet: a whole number >= 0"),
+    Case("flags", "bench --sizes with an empty item", lambda d: ["bench", "--sizes", "10,,20"],
+         needle="--sizes: an empty item"),
+    Case("flags", "bench: an abbreviated flag (one line, no usage)", lambda d: ["bench", "--fleet-rat", "3"],
+         needle="unrecognized arguments: --fleet-rat 3"),
+    Case("flags", "bench: an unknown policy", lambda d: ["bench", "--policies", "no-spec,warp"],
+         needle="--policies warp"),
+    Case("flags", "simulate --out into a sweep's folder (written before folders recorded their kind)",
+         lambda d: simulate(d, *SMALL)[:-1] + [earlier(d, "summary.csv", OK_SUMMARY)],
+         needle="holds a sweep's results (its summary.csv); a simulate run would mix its files with them"),
+    Case("flags", "sweep --out into a run's folder",
+         lambda d: sweep(d, "--rates", "1", "--policies", "no-spec")[:-1] + [earlier(d)],
+         needle="holds a simulate run's results (recorded in .specsim-kind); a sweep would mix its files"),
+    Case("flags", "prefill-first with --max-num-batched-tokens below --prompt-len",
+         lambda d: simulate(d, *SMALL, "--prompt-len", "5000", "--max-num-batched-tokens", "4000"),
+         needle="--max-num-batched-tokens 4000: below the longest prompt, 5000 tokens (--prompt-len 5000); "
+                "prefill-first"),
+    Case("flags", "prefill-first with --max-num-batched-tokens below a trace's prompt",
+         trace_case(PLAIN + "0,100,5\n1,3000,5\n", "--max-num-batched-tokens", "2048"),
+         needle="--max-num-batched-tokens 2048: below the longest prompt, 3000 tokens (of trace trace.csv)"),
+    Case("flags", "prefill-first with --max-num-batched-tokens below lognormal lengths",
+         lambda d: simulate(d, *SMALL, "--length-dist", "lognormal", "--max-num-batched-tokens", "1024"),
+         needle="which --max-prompt-len 8192 clips); prefill-first"),
+    Case("flags", "chunked prefill with --max-num-batched-tokens below --prompt-len (accepted: chunks)",
+         lambda d: simulate(d, *SMALL, "--prompt-len", "5000", "--max-num-batched-tokens", "4000", "--scheduler",
+                            "chunked-prefill"), expect="ok"),
     Case("flags", "--seeds nan", lambda d: sweep(d, "--rates", "1", "--policies", "no-spec", "--seeds", "nan"),
          needle="--seeds"),
     Case("flags", "--seeds 0.5", lambda d: sweep(d, "--rates", "1", "--policies", "no-spec", "--seeds", "0.5"),
          needle="--seeds"),
     Case("flags", "--seeds -1", lambda d: sweep(d, "--rates", "1", "--policies", "no-spec", "--seeds", "-1"),
          needle="--seeds"),
-    Case("flags", "--rates inf", lambda d: sweep(d, "--rates", "1,inf", "--policies", "no-spec"), needle="--rates"),
+    Case("flags", "--rates inf", lambda d: sweep(d, "--rates", "1,inf", "--policies", "no-spec"),
+         needle="--rates: inf is not a point of a rate axis: for vLLM's --request-rate inf"),
+    Case("flags", "tune --rates inf",
+         lambda d: ["tune", "--policy", "goodput", "--slo", "p99_latency<=20", "--rates", "inf", "--out", str(d / "t")],
+         needle="run simulate --request-rate inf --max-concurrency N"),
     Case("flags", "--rates nan", lambda d: sweep(d, "--rates", "nan", "--policies", "no-spec"), needle="--rates"),
     # -- --config JSON ----------------------------------------------------------------------------------------
     Case("--config JSON", '"save_steps": "no"', config_case({"save_steps": "no"}), needle="save_steps"),
@@ -314,6 +378,20 @@ CASES: list[Case] = [
     Case("vLLM result", "max_concurrency 0", vllm_case({"max_concurrency": 0}), needle="max_concurrency"),
     Case("vLLM result", "spec_decode_acceptance_rate 120", vllm_case({"spec_decode_acceptance_rate": 120}),
          needle="spec_decode_acceptance_rate"),
+    Case("vLLM result", "a NaN figure", vllm_case({"mean_ttft_ms": float("nan")}), needle="mean_ttft_ms: NaN"),
+    Case("vLLM result", "an infinite figure", vllm_case({"total_input_tokens": float("inf")}),
+         needle="total_input_tokens: inf, not a finite figure"),
+    Case("vLLM result", "no request streamed a token", vllm_case({"output_lens": [0, 0, 0], "ttfts": [0.0] * 3}),
+         needle="output_lens: none of the 3 successful requests streamed a token"),
+    Case("vLLM result", "calibrate: a NaN figure", calibrate_case({"median_tpot_ms": float("nan")}),
+         needle="median_tpot_ms: NaN"),
+    Case("vLLM result", "calibrate: no request streamed a token",
+         calibrate_case({"output_lens": [0, 0, 0], "ttfts": [0.0] * 3}), needle="streamed a token"),
+    Case("vLLM result", "calibrate: an unknown flag (one line, no usage)",
+         lambda d: calibrate_case()(d) + ["--max-eval", "3"], needle="unrecognized arguments: --max-eval 3"),
+    Case("vLLM result", "calibrate: a draft of another vocabulary than the target's",
+         lambda d: calibrate_case()(d) + ["--draft", "llama-68m"],
+         needle="--draft llama-68m: its vocabulary of 32000 tokens is not the target llama-3.1-8b's 128256"),
     Case("vLLM result", "two results appended (--append-result)",
          vllm_case(text=json.dumps(VLLM_RESULT) + "\n" + json.dumps(VLLM_RESULT)), needle="--append-result"),
     # -- sweep, tune, plot ----------------------------------------------------------------------------------

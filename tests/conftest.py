@@ -13,6 +13,24 @@ from simulator.inputs import TRACES  # the shipped traces (re-exported for the t
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _flushes_denormals(torch) -> bool:  # noqa: ANN001 - the torch module, imported by a test or not at all
+    """Whether torch flushes subnormal floats to zero (``torch.set_flush_denormal``, which has no getter): a subnormal
+    times 1 comes out 0."""
+    return (torch.tensor([1e-40]) * 1.0).item() == 0.0
+
+
+@pytest.fixture(autouse=True)
+def _torch_flush_denormal_off():
+    """Every test ends with torch's flush-denormal setting (process-wide) off, as torch starts: the real engine and the
+    profiler turn it on on the CPU (``profiles.models.forward``, a module fixture loading the tiny pair too), and a later
+    test (hypothesis drawing subnormal floats) must not depend on whether one of them ran before it. Torch is not
+    imported here: a test that never imports it costs nothing."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and _flushes_denormals(torch):
+        torch.set_flush_denormal(False)
+
+
 def write_cost_json(path: Path, target: float = 0.01, draft: float = 0.001, prefill: float = 0.0,
                     per_prompt_token: float = 0.0, per_batched_token: float = 0.0, per_context_token: float = 0.0,
                     overhead: float = 0.0, memory: dict | None = None, per_prompt_token_sq: float = 0.0) -> str:

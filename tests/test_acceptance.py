@@ -290,7 +290,7 @@ def test_a_measured_rank_table_is_read_by_depth_and_rank(tmp_path: Path) -> None
     from simulator.inputs.acceptance import read_rank_table
 
     path = tmp_path / "ranks.csv"
-    path.write_text("depth,rank,probability,count\n2,0,0.6,10\n1,2,0.05,3\n1,0,0.7,50\n")
+    path.write_text("depth,rank,probability,count\n2,0,0.6,10\n1,2,0.05,3\n1,0,0.7,50\n1,1,0,0\n")
     assert read_rank_table(str(path)) == ((0.7, 0.0, 0.05), (0.6,))
 
 
@@ -312,6 +312,8 @@ def test_the_by_rank_model_draws_a_chain_as_position_acceptance(tmp_path: Path) 
     ("depth,rank,probability\n1,0,0.5\n1,0,0.4\n", ["line 3", "depth 1 rank 0 is given twice (also line 2)"]),
     ("depth,rank,probability\n1,0,0.7\n1,1,0.4\n", ["the probabilities of depth 1 sum to 1.1, more than 1"]),
     ("depth,rank,probability\n1,0,0.7\n3,0,0.4\n", ["depth 2 has no row (depths must run 1..3)"]),
+    ("depth,rank,probability\n1,0,0.7\n1,2,0.1\n", ["depth 1 has no row of rank 1 (ranks of a depth must run 0..2"]),
+    ("depth,rank,probability\n1,1,0.7\n", ["depth 1 has no row of rank 0"]),
 ])
 def test_bad_rank_tables_name_file_line_and_value(tmp_path: Path, content: str, expected: list[str]) -> None:
     path = tmp_path / "ranks.csv"

@@ -113,7 +113,7 @@ def test_profile_rows_are_the_grid_points_that_fit():
                                               .itertuples(index=False, name=None))
     assert ("target", "decode", 256, 1, 4096) in left_out
     assert ("target", "decode", 1, 9, 4096) not in left_out
-    assert meta["method"] == "analytical" and meta["efficiency"] == asdict(Efficiency())
+    assert meta["method"] == "analytical" and meta["efficiency"] == Efficiency().record()
     assert meta["target"]["weights"] == meta["draft"]["weights"] == "bf16"
 
 
@@ -301,3 +301,39 @@ def test_an_mla_models_cache_is_on_every_tensor_parallel_device():
     _, meta = analytical_profile(Deployment("h200", "deepseek-v3", "mtp", 8), replace(GPU_GRID, batch_sizes=(1,)))
     assert meta["memory"]["target_kv_bytes_per_token"] == 8 * 61 * 576 * 2  # one latent per device, 8 devices
     assert meta["memory"]["draft_kv_bytes_per_token"] == 8 * 576 * 2
+# -- the draft a target is paired with ---------------------------------------------------------------------------
+def test_a_draft_model_must_share_the_targets_vocabulary_and_each_target_has_its_default():
+    from profiles.analytical import DEFAULT_DRAFTS, draft_for
+
+    assert draft_for("llama-3.1-8b", None) == "llama-3.2-1b" and draft_for("llama-2-7b", None) == "llama-68m"
+    assert all(draft_for(target, draft) == draft for target, draft in DEFAULT_DRAFTS.items())
+    assert draft_for("llama-3.1-8b", "eagle3-llama-3.1-8b") == "eagle3-llama-3.1-8b"  # a head: checked where priced
+    with pytest.raises(UserError, match=r"^--draft llama-68m: its vocabulary of 32000 tokens is not the target "
+                                        r"llama-3.1-8b's 128256: .* \(the default for llama-3.1-8b: llama-3.2-1b\)$"):
+        draft_for("llama-3.1-8b", "llama-68m")
+    with pytest.raises(UserError, match=r"^--draft: --target qwen2.5-7b has no default draft"):
+        draft_for("qwen2.5-7b", None)
+    with pytest.raises(UserError, match="152064"):  # Qwen2.5-0.5B's 151,936 tokens: vLLM refuses the pair
+        draft_for("qwen2.5-7b", "qwen2.5-0.5b")
+
+
+def test_every_shipped_profile_is_a_pair_the_rule_allows():
+    """Every shipped profile's target and draft (as its metadata records them) pass the vocabulary rule, so each
+    stays regenerable as it is."""
+    from profiles.analytical import draft_for
+
+    for meta_file in sorted(DATA_DIR.glob("*.meta.json")):
+        meta = json.loads(meta_file.read_text())
+        target, draft = meta.get("target"), meta.get("draft")
+        if isinstance(target, dict) and isinstance(draft, dict) and draft.get("config"):  # None: no drafter
+            assert draft_for(target["config"], draft["config"]) == draft["config"], meta_file.name
+
+
+def test_the_command_line_pairs_a_target_with_its_default_draft(tmp_path, capsys):
+    from profiles.analytical import main
+
+    out = tmp_path / "p.csv"
+    assert main(["--gpu", "h200", "--target", "llama-3.1-8b", "--out", str(out)]) == 0
+    assert json.loads(out.with_name("p.meta.json").read_text())["draft"]["config"] == "llama-3.2-1b"
+    with pytest.raises(UserError, match="unrecognized arguments: --draf"):  # no abbreviations
+        main(["--gpu", "h200", "--draf", "llama-68m"])

@@ -72,6 +72,7 @@ def test_a_mooncake_prefix_caching_run_reads_the_shipped_hash_ids(clone):
     out = clone / "results" / "mooncake"
     run(clone, "simulate", "--trace", "simulator/inputs/traces/mooncake/conversation_trace.jsonl",
         "--num-requests", "300", "--enable-prefix-caching", "--replicas", "2", "--router", "prefix-aware",
+        "--scheduler", "chunked-prefill",
         "--profile", "profiles/data/h200-vllm__llama-3.1-8b__llama-3.2-1b.csv", "--out", str(out))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["requests"] == 300 and summary["prefix_cache_hit_rate"] > 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -24,7 +25,8 @@ def test_simulate_writes_requests_summary_config_and_steps(capsys, cost_json, tm
                               "fixed-k", "--k", "4", "--rate", "6", "--num-requests", "200", "--seed", "0",
                               "--num-gpu-blocks", "5000", "--save-steps", "--format", "csv", "--out", str(out))
     assert code == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "requests.csv", "steps.csv", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".specsim-kind", "config.json", "requests.csv", "steps.csv",
+                                                       "summary.json"]
     requests = pd.read_csv(out / "requests.csv")
     assert list(requests.columns[:9]) == ["request_id", "arrival_time", "first_token_time", "finish_time",
                                           "prompt_tokens", "output_tokens", "proposed_tokens", "accepted_tokens",
@@ -121,6 +123,23 @@ def test_a_user_error_from_the_real_process_has_no_traceback(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == "error: config: --rate must be > 0, got -3.0"
+
+
+def test_a_warning_from_the_real_process_is_one_line_naming_the_input_not_a_source_file(tmp_path):
+    """The session router without session keys, and a profile asked far beyond its grid: each warning one line
+    naming the flag (``--router``, ``--profile FILE``), never ``fleet.py:538: UserWarning``."""
+    grid = REPO / "profiles" / "data" / "example_grid.csv"
+    done = subprocess.run([sys.executable, str(REPO / "run_sim.py"), "simulate", "--rate", "4", "--num-requests", "6",
+                           "--replicas", "2", "--router", "session", "--profile", str(grid), "--fitter", "interp",
+                           "--prompt-len", "9000", "--max-num-batched-tokens", "9000", "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "SPECSIM_CACHE_DIR":
+                                                                            str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[0] == ("warning: --router session: the workload has no session key (no prompt_id column; Mooncake's "
+                        "trace has none): every request is routed round robin")
+    assert lines[1].startswith(f"warning: --profile {grid}: target prefill asked at batch_size=1, prompt_len=9000 ")
+    assert all(line.startswith("warning: ") for line in lines) and ".py:" not in done.stderr
 
 
 def test_policy_file_registers_a_user_policy(capsys, cost_json, tmp_path, every_other_policy):

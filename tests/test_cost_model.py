@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from simulator.costs.cost_model import InterpCostModel, fit_cost_model, fit_report, load_cost_model, predict_row
-from policies.errors import UserError
+from policies.errors import InputWarning, UserError
 from tests.conftest import REPO
 from simulator.costs.profile_table import ProfileTable, read_profile, write_profile
 
@@ -322,6 +322,21 @@ def test_a_corrupt_cache_entry_is_ignored_and_rewritten(tmp_path, cache_dir):
 
 
 # -- out-of-grid queries -------------------------------------------------------------------------
+def test_probing_far_outside_the_grid_neither_warns_nor_silences_the_runs_own_warning():
+    """A config's check probes the largest shapes it allows (simulator.core.runner.check_costs): quiet, and the run's
+    own query far beyond the grid still warns afterwards."""
+    from simulator.costs.cost_model import probing
+
+    model = load_cost_model(EXAMPLE_GRID)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with probing():
+            model.target_time(300, 300, 300 * 128)
+        assert caught == []
+        model.target_time(200, 200, 200 * 128)
+    assert [str(w.message).split(" asked")[0] for w in caught] == [f"--profile {EXAMPLE_GRID}: target decode"]
+
+
 def test_a_query_far_outside_the_grid_warns_once_per_role_and_phase():
     model = load_cost_model(EXAMPLE_GRID)
     with warnings.catch_warnings(record=True) as caught:
@@ -335,8 +350,8 @@ def test_a_query_far_outside_the_grid_warns_once_per_role_and_phase():
         model.draft_time(1, 50_000)
         model.prefill_time(1, 8192)
     messages = [str(w.message) for w in caught]
-    assert len(messages) == 3
-    assert messages[0].startswith(f"{EXAMPLE_GRID}: target decode asked at batch_size=200, context_len=128 ")
+    assert len(messages) == 3 and {w.category for w in caught} == {InputWarning}  # one line at the command line
+    assert messages[0].startswith(f"--profile {EXAMPLE_GRID}: target decode asked at batch_size=200, context_len=128 ")
     assert "(batch_size 1..64, context_len 128..2048)" in messages[0]
     assert "draft decode asked at batch_size=1, context_len=50000" in messages[1]
     assert "target prefill asked at batch_size=1, prompt_len=8192" in messages[2]

@@ -53,7 +53,7 @@ def test_invariants_hold_under_pressure(cost_json, scheduler, policy, acceptance
                      per_prompt_token=1e-5, overhead=0.001)
     result = run(cost, rate=20.0, num_requests=400, length_dist="lognormal", prompt_len=200, output_len=100,
                  num_gpu_blocks=400, block_size=16, max_num_seqs=64, max_num_batched_tokens=1024,
-                 scheduler=scheduler, policy=policy, k=4, acceptance=acceptance, seed=3)
+                 max_prompt_len=1024, scheduler=scheduler, policy=policy, k=4, acceptance=acceptance, seed=3)
     check_invariants(result)
     assert result.summary["preemptions"] > 0, "the small cache should force preemptions"
     assert result.summary["requests"] == 400
@@ -328,3 +328,27 @@ def test_the_drafts_catch_up_pass_is_priced_where_the_profile_measured_it(tmp_pa
     verify, drafts = 0.01 * 2 * 3, [0.002, 0.002]  # 2 requests verifying 3 tokens each; 2 draft passes of 1 token
     later = [0.004, 0.002] if catch_up_rows else drafts  # the first pass feeds 2 tokens a request
     assert decode["seconds"].tolist() == pytest.approx([verify + sum(drafts)] + [verify + sum(later)] * 2)
+
+
+# -- prefill-first's budget against the longest prompt (vLLM v0: max_num_batched_tokens >= max_model_len) ----------
+def test_prefill_first_refuses_a_chosen_budget_below_the_longest_prompt_and_chunked_prefill_takes_it(cost_json):
+    """A 3,000-token prompt under a 2,048-token budget: prefill-first would prefill it alone over the budget, which vLLM
+    v0 refuses as a config; chunked prefill cuts it into chunks of at most 2,048."""
+    workload = fixed_workload([0.0, 0.1], [100, 3000], [5, 5])
+    with pytest.raises(UserError, match=r"^--max-num-batched-tokens 2048: below the longest prompt, 3000 tokens "
+                                        r"\(of hand-made\); prefill-first"):
+        run(cost_json(), workload, max_num_batched_tokens=2048)
+    chunked = run(cost_json(), workload, max_num_batched_tokens=2048, scheduler="chunked-prefill")
+    assert chunked.steps["prefill_tokens"].max() <= 2048 and chunked.requests["finish_time"].notna().all()
+
+
+def test_at_the_default_budget_a_longer_prompt_is_admitted_alone_and_said(cost_json):
+    """The default budget (4,096 tokens) was likely never chosen: the run goes on as before and warns in one line."""
+    from policies.errors import InputWarning
+
+    workload = fixed_workload([0.0, 0.0], [5000, 100], [5, 5])
+    with pytest.warns(InputWarning, match=r"--max-num-batched-tokens 4096 \(the default\): below the longest prompt, "
+                                          r"5000 tokens"):
+        result = run(cost_json(), workload)
+    first = result.steps[result.steps["kind"] == "prefill"].iloc[0]
+    assert (first["batch_size"], first["prefill_tokens"]) == (1, 5000)  # alone, over the budget

@@ -271,3 +271,14 @@ def test_the_demo_keeps_its_title_and_the_smartspec_notebook_says_what_its_panel
     [cell] = [c for c in notebook["cells"] if "plot_panels(panels" in "".join(c["source"])]
     source = "".join(cell["source"])
     assert "title=" in source and "ACCEPTANCE" in source.split("title =")[1]
+
+
+def test_the_sweep_figure_says_the_metric_its_table_prints(tmp_path, figures):
+    """Its title, axes and the sweep's printed table (simulator.studies.sweep.SWEEP_METRIC) say one metric."""
+    from simulator.studies.sweep import SWEEP_METRIC, TABLE_METRICS
+
+    [fig] = all_figures(tmp_path, figures)["sweep latency_vs_rate"]
+    assert fig.get_suptitle().startswith("Normalised latency (per output token) versus request rate")
+    assert fig.axes[0].get_ylabel() == "mean normalised latency (ms/token)"
+    assert (SWEEP_METRIC, TABLE_METRICS[SWEEP_METRIC][:2]) == ("mean_norm_latency",
+                                                              ("mean normalised latency", "ms per output token"))

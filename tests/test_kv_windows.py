@@ -100,7 +100,8 @@ def test_the_general_path_gives_the_fast_paths_run_where_both_apply(cost_json, t
     runs = []
     for profile in (plain, never):
         config = SimConfig.of(profile=profile, rate=30.0, num_requests=300, length_dist="lognormal", prompt_len=300,
-                           output_len=80, max_num_seqs=48, max_num_batched_tokens=512, scheduler=scheduler,
+                           output_len=80, max_num_seqs=48, max_num_batched_tokens=512, max_prompt_len=512,
+                           scheduler=scheduler,
                            policy=policy, k=k, acceptance="beta", save_steps=True, seed=5,
                            policy_file=str(policy_file) if policy == "swinging" else None)
         runs.append(run_simulation(config, step_by_step=True))

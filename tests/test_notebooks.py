@@ -130,9 +130,9 @@ def test_normal_vs_speculative_is_committed_with_the_real_smollm2_pair():
 
 def test_the_scrubbing_takes_out_paths_timestamps_and_png_text():
     replacements = EXECUTE._replacements()
-    text = f"runs in {REPO}/results/x, traces in {REPO.parent}/shared/t, {sys.base_prefix}/lib/python3.11/w.py"
+    text = f"runs in {REPO}/results/x, traces in {REPO.parent}/data/t, {sys.base_prefix}/lib/python3.11/w.py"
     scrubbed = EXECUTE.scrub_text(text, replacements)
-    assert scrubbed.startswith("runs in ./results/x, traces in ../shared/t, ") and str(REPO) not in scrubbed
+    assert scrubbed.startswith("runs in ./results/x, traces in ../data/t, ") and str(REPO) not in scrubbed
     assert EXECUTE.ABSOLUTE_PATH.search("at /root/x") and not EXECUTE.ABSOLUTE_PATH.search("at ./x, 2/3")
     assert EXECUTE.TIMESTAMP.search("2026-12-01T14:42:07") and not EXECUTE.TIMESTAMP.search("date 2026-12-01")
     import base64
@@ -177,34 +177,6 @@ def patched(name: str, line: str, replacement: str, tmp_path, monkeypatch):
     [cell] = [cell for cell in notebook.cells if line in cell.source]
     cell.source = cell.source.replace(line, replacement)
     return notebook, path
-
-
-def test_bursty_traffic_falls_back_to_a_synthetic_workload_without_the_traces(tmp_path, monkeypatch):
-    notebook, path = patched("bursty_traffic", 'TRACES = REPO.parent / "shared" / "traces" / "azure_llm_2023"',
-                             f'TRACES = Path({str(tmp_path / "no-traces")!r})', tmp_path, monkeypatch)
-    execute(notebook, path)
-    assert sorted(p.name for p in (tmp_path / "bursty_traffic").glob("synthetic_*.csv")) == [
-        "synthetic_code_80.csv", "synthetic_conv_80.csv"]
-    assert len(list((tmp_path / "bursty_traffic").rglob("summary.csv"))) == 2
-
-
-def test_fleet_falls_back_to_synthetic_multi_turn_sessions_without_the_traces(tmp_path, monkeypatch):
-    """Without ../shared/traces both traces are stood in for by multi-turn sessions (a session's turns share one
-    prompt_id: one growing token stream), on which the session router keeps a conversation on one replica and so
-    finds its earlier turns in that replica's prefix cache more often than round robin does."""
-    notebook, path = patched("fleet", 'TRACES = REPO.parent / "shared" / "traces"',
-                             f'TRACES = Path({str(tmp_path / "no-traces")!r})', tmp_path, monkeypatch)
-    execute(notebook, path)
-    assert stdout(notebook).count("FALLBACK:") == 2
-    out = tmp_path / "fleet"
-    assert sorted(p.name for p in out.glob("synthetic_*.csv")) == ["synthetic_azure_60.csv",
-                                                                   "synthetic_mooncake_60.csv"]
-    sessions = pd.read_csv(out / "synthetic_mooncake_60.csv")
-    assert sessions["prompt_id"].nunique() < len(sessions)
-    turns = sessions.groupby("prompt_id")["prompt_tokens"]
-    assert turns.apply(lambda p: p.is_monotonic_increasing).all()  # a later turn's prompt holds the earlier one's
-    routers = pd.read_csv(out / "routers.csv").set_index(["trace", "router", "policy"])["prefix_cache_hit_rate"]
-    assert routers["mooncake", "session", "no-spec"] > routers["mooncake", "round-robin", "no-spec"]
 
 
 def test_normal_vs_speculative_falls_back_to_the_tiny_pair_without_the_smollm2_wheel(tmp_path, monkeypatch):

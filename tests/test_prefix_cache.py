@@ -320,7 +320,7 @@ def _run(cost: str, **fields):
     from simulator.core.runner import run_simulation
 
     base = dict(profile=cost, rate=15.0, num_requests=300, block_size=BS, max_num_seqs=64,
-                max_num_batched_tokens=1024, seed=3, save_steps=True)
+                max_num_batched_tokens=1024, max_prompt_len=1024, seed=3, save_steps=True)
     return run_simulation(SimConfig.of(**{**base, **fields}))
 
 

@@ -133,10 +133,14 @@ def test_no_absolute_path_but_the_users_and_no_timestamp(reports, validate_repor
 def test_the_sweep_report_holds_the_tables_the_config_and_the_saturation_warning(reports):
     text = page(reports["sweep"])
     assert "sweep: 2 policies x 2 rates x 1 seed" in text
-    assert "Mean latency (s), seeds averaged" in text and "<th>no-spec</th>" in text and "<th>fixed-k:3</th>" in text
+    assert "Mean normalised latency (ms per output token), seeds averaged" in text
+    assert "<th>no-spec</th>" in text and "<th>fixed-k:3</th>" in text
+    assert "Where each policy pays against no-spec, by mean normalised latency" in text
     summary = pd.read_csv(reports["sweep"].parent / "summary.csv")
     for value in summary.groupby(["rate", "policy"])["mean_latency"].mean():
         assert f"{value:.6g}" in text  # every cell's figure in the tables
+    for value in summary.groupby(["rate", "policy"])["mean_norm_latency"].mean():
+        assert f"{value * 1e3:.6g}" in text
     assert summary["saturated"].any()
     warnings = text[text.index('id="warnings"'):text.index("</section>", text.index('id="warnings"'))]
     assert "2 of 4 runs saturated" in warnings and "20 req/s" in warnings
@@ -343,13 +347,11 @@ def test_a_real_validate_run_on_the_tiny_pair_writes_its_report_last(tmp_path):
     out = tmp_path / "v"
     out.mkdir()
     (out / "report.html").write_text("an older run's")
-    torch = pytest.importorskip("torch")
-    try:
-        run("validate", "--pair", "tiny", "--profile", str(profile), "--acceptance-trace", str(trace), "--rates",
-            "40,150", "--policies", "no-spec,fixed-k:2", "--num-requests", "8", "--output-len", "8", "--max-num-seqs",
-            "4", "--sim-seeds", "1", "--floor-draws", "1", "--probe-every", "0", "--out", str(out))
-    finally:  # validate flushes subnormal floats to zero on the CPU (process-wide): later tests (hypothesis) need them
-        torch.set_flush_denormal(False)
+    pytest.importorskip("torch")
+    # validate flushes subnormal floats to zero on the CPU (process-wide): conftest's fixture restores it
+    run("validate", "--pair", "tiny", "--profile", str(profile), "--acceptance-trace", str(trace), "--rates",
+        "40,150", "--policies", "no-spec,fixed-k:2", "--num-requests", "8", "--output-len", "8", "--max-num-seqs",
+        "4", "--sim-seeds", "1", "--floor-draws", "1", "--probe-every", "0", "--out", str(out))
     text = page(out / "report.html")
     assert len(DATA_URI.findall(text)) == 1 and "validate.png" in text
     assert "validate: tiny, real engine against the simulator" in text and "mean_latency" in text

@@ -192,8 +192,8 @@ def simulate_argv(profile: str, out: Path, *extra: str) -> list[str]:
 def test_without_pyarrow_results_are_csv_and_parquet_is_refused(monkeypatch, capsys, cost_json, tmp_path):
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # as if not installed: find_spec("pyarrow") is None
     assert main(simulate_argv(cost_json(), tmp_path / "auto")) == 0
-    assert sorted(p.name for p in (tmp_path / "auto").iterdir()) == ["config.json", "requests.csv", "steps.csv",
-                                                                     "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "auto").iterdir()) == [".specsim-kind", "config.json", "requests.csv",
+                                                                     "steps.csv", "summary.json"]
     assert main(simulate_argv(cost_json(), tmp_path / "p", "--format", "parquet")) == 2
     assert capsys.readouterr().err == "error: --format parquet: needs pyarrow (pip install pyarrow), or use --format csv\n"
 
@@ -203,8 +203,53 @@ def test_parquet_results_hold_the_same_values_as_csv(capsys, cost_json, tmp_path
     profile = cost_json(per_batched_token=1e-4)
     assert main(simulate_argv(profile, tmp_path / "auto")) == 0
     assert main(simulate_argv(profile, tmp_path / "csv", "--format", "csv")) == 0
-    assert sorted(p.name for p in (tmp_path / "auto").iterdir()) == ["config.json", "requests.parquet",
-                                                                     "steps.parquet", "summary.json"]
+    assert sorted(p.name for p in (tmp_path / "auto").iterdir()) == [".specsim-kind", "config.json",
+                                                                     "requests.parquet", "steps.parquet",
+                                                                     "summary.json"]
     for table in ("requests", "steps"):
         pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "auto" / f"{table}.parquet"),
                                       pd.read_csv(tmp_path / "csv" / f"{table}.csv"), check_exact=True)
+
+
+# -- where each policy stops paying --------------------------------------------------------------------------------
+@pytest.mark.parametrize("ratio, words", [
+    ([0.5, 0.8, 0.9], "pays at every rate swept, up to 4 req/s"),
+    ([1.2, 1.5, 2.0], "pays at no rate swept: slower than no-spec already at 1 req/s, the lightest load swept"),
+    ([0.6, 0.8, 1.2], "pays up to about 3 req/s, slower than no-spec from there"),
+    ([1.5, 0.5, 0.5], "slower than no-spec up to about 1.5 req/s, pays from there"),
+    ([0.5, 1.5, 0.5], "pays up to about 1.5 req/s, slower than no-spec from about 1.5 req/s to about 3 req/s, pays "
+                      "from about 3 req/s"),
+])
+def test_where_a_policy_pays_is_said_in_words_for_every_shape(ratio, words):
+    """Rates 1, 2, 4 req/s; the crossing linear in the ratio between the swept rates around it (0.8 to 1.2 between 2
+    and 4: at 3)."""
+    from simulator.studies.sweep import payoff_words
+
+    assert payoff_words([1.0, 2.0, 4.0], ratio, lambda r: f"{r:g} req/s") == words
+
+
+def test_the_demos_crossovers_are_the_first_rise_above_no_spec():
+    from simulator.studies.demo import crossover_finding, crossovers
+
+    table = pd.DataFrame({"no-spec": [1.0, 1.0, 1.0], "fixed-k:1": [0.5, 0.8, 0.9], "fixed-k:3": [0.6, 0.8, 1.2],
+                          "fixed-k:5": [1.2, 0.5, 0.5]}, index=[1.0, 2.0, 4.0])
+    cross = crossovers(table, saturation=4.0)
+    assert cross["fixed-k:1"] != cross["fixed-k:1"] and (cross["fixed-k:3"], cross["fixed-k:5"]) == (0.75, 0.0)
+    assert crossover_finding(cross) == ("fixed-k:5 slower than no-spec already at the lightest load swept; fixed-k:3 "
+                                        "slower than no-spec as load grows (from 0.75x no-spec's saturation); fixed-k:1 "
+                                        "never slower than no-spec up to 1.6x no-spec's saturation")
+
+
+def test_a_sweep_prints_its_figures_metric_and_where_each_policy_pays(capsys, cost_json, tmp_path):
+    """The table, the figure's first panel and the words say one metric: mean normalised latency."""
+    from simulator.studies.cli import main
+
+    assert main(["sweep", "--profile", cost_json(per_batched_token=2e-4), "--rates", "1,8", "--policies",
+                 "no-spec,fixed-k:1", "--num-requests", "30", "--num-gpu-blocks", "5000", "--workers", "1", "--quiet",
+                 "--out", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "mean normalised latency (ms per output token), seeds averaged; rows: request rate (req/s)"
+    summary = pd.read_csv(tmp_path / "s" / "summary.csv")
+    assert f"{summary['mean_norm_latency'].iloc[0] * 1e3:9.3f}".strip() in out[3]
+    i = out.index("where each policy pays against no-spec, by mean normalised latency:")
+    assert out[i + 1].startswith("  fixed-k:1: pays")

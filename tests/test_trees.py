@@ -381,7 +381,7 @@ def test_the_command_line_takes_vllms_and_sglangs_tree_flags(capsys, tmp_path):
 
 def test_a_measured_rank_table_selects_the_by_rank_model(capsys, tmp_path):
     table = tmp_path / "ranks.csv"
-    table.write_text("depth,rank,probability\n1,0,0.7\n1,1,0.1\n2,0,0.6\n2,2,0.05\n")
+    table.write_text("depth,rank,probability\n1,0,0.7\n1,1,0.1\n2,0,0.6\n2,1,0\n2,2,0.05\n")
     code, _, err = run_cli(capsys, "simulate", "--profile", PROFILE, "--rate", "4", "--num-requests", "20",
                            "--policy", "fixed-k", "--speculative-token-tree", VLLM_TREE, "--acceptance-by-rank",
                            str(table), "--out", str(tmp_path / "o"))

@@ -103,7 +103,7 @@ def test_a_rerun_leaves_no_file_of_the_old_run(tmp_path, capsys):
     profile, out = write_cost_json(tmp_path / "p.json"), tmp_path / "o"
     assert main(simulate_argv(profile, out, 30, "parquet")) == 0
     assert main(simulate_argv(profile, out, 20, "csv")) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "requests.csv", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".specsim-kind", "config.json", "requests.csv", "summary.json"]
     assert json.loads((out / "summary.json").read_text())["requests"] == 20
 
 
@@ -132,6 +132,36 @@ def test_output_folder_problems_are_found_before_simulating(tmp_path, capsys, mo
     out = {"file": str(tmp_path / "f"), "under-file": str(tmp_path / "f" / "sub"), "empty": ""}[kind]
     assert main(simulate_argv(write_cost_json(tmp_path / "p.json"), out, 5, "csv")) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_folder_holds_one_kind_of_result(tmp_path, capsys):
+    """A run never lands among a sweep's files nor a sweep among a run's, a tune never in a sweep's folder; a rerun of
+    the same kind into its own folder is allowed; a folder of an earlier version is told by its files."""
+    from simulator.results import folder_kind
+
+    profile = write_cost_json(tmp_path / "p.json")
+    sweep = ["sweep", "--profile", profile, "--rates", "1", "--policies", "no-spec", "--num-requests", "4",
+             "--num-gpu-blocks", "5000", "--workers", "1", "--quiet", "--out"]
+    assert main([*sweep, str(tmp_path / "s")]) == 0 and main([*sweep, str(tmp_path / "s")]) == 0
+    assert main(simulate_argv(profile, tmp_path / "r", 4, "csv")) == 0
+    assert (folder_kind(tmp_path / "s"), folder_kind(tmp_path / "r")) == (("sweep", ".specsim-kind"),
+                                                                          ("run", ".specsim-kind"))
+    capsys.readouterr()
+    for argv in (simulate_argv(profile, tmp_path / "s", 4, "csv"), [*sweep, str(tmp_path / "r")],
+                 ["tune", "--profile", profile, "--policy", "goodput", "--slo", "p99_latency<=20", "--rates", "1",
+                  "--num-requests", "4", "--num-gpu-blocks", "5000", "--param", "k=2", "--workers", "1", "--quiet",
+                  "--out", str(tmp_path / "s")],
+                 ["compare", str(tmp_path / "r"), str(tmp_path / "r"), "--out", str(tmp_path / "s")]):
+        assert main(argv) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert "would mix its files with them: choose another folder" in line
+    assert sorted(p.name for p in (tmp_path / "s").iterdir()) == sorted(
+        [".specsim-kind", "latency_vs_rate.png", "report.html", "runs", "speedup.png", "summary.csv"])
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "tune.csv").write_text("policy\n")
+    (tmp_path / "old" / "summary.csv").write_text("policy\n")
+    assert folder_kind(tmp_path / "old") == ("tune", "tune.csv")
+    assert folder_kind(tmp_path / "new") is None
 
 
 # -- 3, 4. axes and columns --------------------------------------------------------------------------------------

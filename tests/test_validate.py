@@ -292,3 +292,12 @@ def test_the_errors_own_noise_is_small_when_both_sides_move_together():
     assert all(value == pytest.approx(0.0, abs=1e-12) for value in paired.values())
     scattered = bootstrap_noise(real, 0, paired=real * rng.uniform(0.8, 1.3, (30, 1)))
     assert 0.005 < scattered["mean_latency"] < 0.2
+
+
+def test_every_test_starts_with_torch_keeping_subnormal_floats():
+    """Validate and the real engine flush subnormal floats on the CPU (process-wide); conftest's fixture turns it off
+    after every test, so no test depends on the order the tests ran in. Left on here on purpose."""
+    import torch
+
+    assert (torch.tensor([1e-40]) * 1.0).item() != 0.0
+    torch.set_flush_denormal(True)

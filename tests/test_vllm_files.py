@@ -262,10 +262,26 @@ def test_old_names_read_as_todays(tmp_path):
     assert (figures["mean_e2el_ms"], figures["p99_e2el_ms"], figures["request_goodput"]) == (430.0, 450.0, 1.5)
 
 
-def test_a_figure_written_as_nan_reads_as_not_measured(tmp_path):
-    path = result_file(tmp_path / "r.json", std_tpot_ms="N")
-    path.write_text(path.read_text().replace('"N"', "NaN"))
-    assert "std_tpot_ms" not in vllm_io.vllm_figures(vllm_io.read_vllm_result(path))
+@pytest.mark.parametrize("key, text", [("std_tpot_ms", "NaN"), ("duration", "NaN"), ("total_output_tokens", "NaN"),
+                                       ("mean_itl_ms", "Infinity"), ("total_input_tokens", "-Infinity")])
+def test_a_figure_written_as_nan_or_infinite_is_refused_naming_its_key(tmp_path, capsys, key, text):
+    """vLLM writes a statistic of no values as 0 (``np.mean(x or 0)``), never NaN: a NaN or infinite figure is a damaged
+    file, refused rather than read as missing and replaced by one computed from nothing."""
+    path = result_file(tmp_path / "r.json", **{key: "N"})
+    path.write_text(path.read_text().replace('"N"', text))
+    line = refused(capsys, "compare", path, path)
+    assert f"{path}: {key}: " in line
+
+
+def test_a_result_in_which_no_request_streamed_a_token_is_refused(tmp_path, capsys):
+    n = 6  # result_file's requests
+    path = result_file(tmp_path / "r.json", output_lens=[0] * n, ttfts=[0.0] * n)
+    line = refused(capsys, "compare", path, "--out", tmp_path / "c")
+    assert f"{path}: output_lens: none of the {n} successful requests streamed a token" in line
+    summary_only = result_file(tmp_path / "s.json", total_output_tokens=0, completed=n, input_lens=None,
+                               output_lens=None, ttfts=None, itls=None, latencies=None, errors=None,
+                               generated_texts=None)
+    assert "total_output_tokens: 0 over" in refused(capsys, "compare", summary_only, summary_only)
 
 
 @pytest.mark.parametrize("key, value", [("mean_ttft_ms", "50"), ("p99_tpot_ms", -1.0), ("duration", [3.0]),

@@ -76,7 +76,7 @@ class JitteredCost(CostModel):
 
     def __init__(self, cost: CostModel, sigma: float, rng: np.random.Generator) -> None:
         self._cost, self._sigma, self._rng = cost, float(sigma), rng
-        for name in ("method", "verification", "batch_layout", "source", "path", "memory", "fit_error"):
+        for name in ("method", "verification", "batch_layout", "draft_extend", "source", "path", "memory", "fit_error"):
             setattr(self, name, getattr(cost, name))
 
     def _draw(self) -> float:
@@ -104,6 +104,13 @@ class JitteredCost(CostModel):
 
     def overhead_time(self, batch_size: int) -> float:
         return self._cost.overhead_time(batch_size)
+
+    def speculation_time(self, batch_size: int, query_tokens: int) -> float:
+        return self._cost.speculation_time(batch_size, query_tokens)
+
+    @property
+    def prices_speculation(self) -> bool:
+        return self._cost.prices_speculation
 
     def prefill_overhead_time(self, batch_size: int) -> float:
         return self._cost.prefill_overhead_time(batch_size)

@@ -627,9 +627,9 @@ def step_parts(steps: pd.DataFrame, cost: typing.Any, tree: typing.Any = None) -
     ``context_tokens`` verifying ``proposed + batch_size`` tokens after the draft passes of a chain of ``k_max``
     (or, with a token ``tree`` family, of ``tree.shape(k_max)``: :func:`policies.step_time.tree_step`) over the
     whole batch (the engine's passes), the first feeding ``catchup_tokens`` where the cost model prices a catch-up;
-    overhead = ``overhead_time(batch_size)`` per step.
+    overhead = :func:`policies.step_time.step_overhead` per step (a prefill's ``prefill_overhead_time``).
     """
-    from policies.step_time import tree_step
+    from policies.step_time import step_overhead, tree_step
 
     speculative = steps["proposed"].sum() > 0 or (steps["draft_seconds"][steps["kind"] == "prefill"] > 0).any()
     measured = {"prefill": 0.0, "draft": 0.0, "verify": 0.0, "overhead": 0.0}
@@ -653,7 +653,8 @@ def step_parts(steps: pd.DataFrame, cost: typing.Any, tree: typing.Any = None) -
                 passes[0] = cost.draft_time(b, int(s.context_tokens), int(s.catchup_tokens))
             predicted["draft"] += sum(passes)
         measured["overhead"] += s.seconds - s.target_seconds - s.draft_seconds
-        predicted["overhead"] += cost.prefill_overhead_time(b) if s.kind == "prefill" else cost.overhead_time(b)
+        predicted["overhead"] += (cost.prefill_overhead_time(b) if s.kind == "prefill"
+                                  else step_overhead(cost, b, int(s.proposed) + b))
     rows = [{"part": p, "measured": measured[p], "predicted": predicted[p]} for p in measured]
     rows.append({"part": "all steps", "measured": sum(measured.values()), "predicted": sum(predicted.values())})
     return pd.DataFrame(rows)
@@ -815,7 +816,7 @@ def main(argv: list[str]) -> int:
                   for key, value in PRESETS[args.preset].items()}
         parser.set_defaults(**preset)
         args = parser.parse_args(argv)
-    check_out_dir(args.out)  # before the long runs: --out "" or a file is found now
+    check_out_dir(args.out, kind="validate")  # before the long runs: --out "" or a file is found now
     settings = ValidateSettings(pair=args.pair, rates=_floats("--rates", args.rates),
                                 policies=parse_policies(args.policies),
                                 num_requests=args.num_requests,

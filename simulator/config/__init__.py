@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from policies.errors import UserError, require
-from simulator.config.checks import FLAG_NAMES, MAX_CV, MAX_NUMBER, MAX_SIGMA, flag, flags_of, named
+from simulator.config.checks import FLAG_NAMES, MAX_CV, MAX_NUMBER, MAX_SIGMA, flag, flag_value, flags_of, named
 from simulator.config.cost import DEFAULT_SIM_PROFILE, FITTERS, CostConfig
 from simulator.config.engine import SCHEDULERS, EngineConfig
 from simulator.config.fleet import KV_LINK_NAMES, ROUTER_NAMES, FleetConfig
@@ -43,7 +43,7 @@ __all__ = ["ACCEPTANCE_MODELS", "ARRIVALS", "CONCERNS", "CONCERN_OF", "DEFAULT_A
            "FIELDS", "FITTERS", "FLAG_NAMES", "GOODPUT_METRICS", "HINTS", "KV_LINK_NAMES", "LENGTH_DISTS", "MAX_CV",
            "MAX_NUMBER", "MAX_SIGMA", "ROUTER_NAMES", "SCHEDULERS", "CostConfig", "EngineConfig", "FleetConfig",
            "RunConfig", "SimConfig", "SpeculativeConfig", "WorkloadConfig", "align_proposer", "config_hash",
-           "flag", "flags_of", "flat_fields", "named", "rate_from_json", "rate_to_json"]
+           "flag", "flag_value", "flags_of", "flat_fields", "named", "rate_from_json", "rate_to_json"]
 
 #: The concerns of a config, in the order of its help and its ``config.json``: name -> its dataclass.
 CONCERNS: dict[str, type] = {"workload": WorkloadConfig, "engine": EngineConfig, "fleet": FleetConfig,

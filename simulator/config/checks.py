@@ -45,6 +45,17 @@ def flag(name: str) -> str:
     return flags_of(name)[0]
 
 
+def flag_value(name: str, value: Any) -> str:
+    """Config field ``name`` at ``value`` as the command line gives it: ``--max-num-seqs 1024``, a long list shortened
+    (``--cuda-graph-sizes 1,2,4,8,...,256 (35 sizes)``), ``none``, ``true``."""
+    if isinstance(value, tuple):
+        shown = ",".join(map(str, value)) if len(value) <= 6 else \
+            ",".join(map(str, value[:4])) + f",...,{value[-1]} ({len(value)} sizes)"
+    else:
+        shown = "none" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return f"{flag(name)} {shown}"
+
+
 def named(name: str) -> str:
     """Config field ``name`` as a message names it: its primary flag, for the command line, and its name in a
     ``config.json`` where that is spelled otherwise (``--max-num-seqs (max_num_seqs)``,

@@ -79,6 +79,10 @@ class SpeculativeConfig:
     (only with ``acceptance=position``)."""
     acceptance_trace: str | None = None
     """CSV of recorded steps ``request_id,proposed,accepted`` for the replay model (only with ``acceptance=replay``)."""
+    acceptance_by_prompt: bool = False
+    """``replay`` only: a request whose workload ``prompt_id`` is a ``request_id`` of the trace replays that request's
+    own steps from its first, so copies of one prompt accept alike, in lockstep (:mod:`simulator.inputs.acceptance`);
+    off: every request replays a stream drawn at random."""
     acceptance_ranks: tuple[float, ...] = DEFAULT_ACCEPTANCE_RANKS
     """Token trees: P(the target's token is the draft's rank r | not its rank 0) for r = 1, 2, ..., comma-separated,
     each in [0, 1], summing to at most 1 (the rest: beyond every candidate); rank r's acceptance at a depth is then
@@ -103,6 +107,9 @@ class SpeculativeConfig:
             require(self.acceptance_trace is None, f"config: {named('acceptance_trace')} {self.acceptance_trace} is "
                                                    f"replayed only with acceptance=replay (got "
                                                    f"acceptance={self.acceptance}); add --acceptance replay")
+        require(not self.acceptance_by_prompt or self.acceptance == "replay",
+                f"config: {named('acceptance_by_prompt')} replays a trace's streams by prompt (got "
+                f"acceptance={self.acceptance}); add --acceptance replay --acceptance-trace FILE")
         if self.acceptance != "position":
             require(not self.acceptance_positions, f"config: {named('acceptance_positions')} are used only with "
                                                    f"acceptance=position (got acceptance={self.acceptance})")

@@ -23,8 +23,10 @@ Semantics (vLLM terms):
   costs draft + verification + overhead (:func:`policies.step_time.predict_step_seconds`), draws accepted
   a_i in [0, k_i] from the acceptance model and appends min(a_i + 1, tokens still needed) tokens. Where the cost
   model measured draft passes of several tokens per sequence (``prices_catchup``), the step's first draft pass
-  is priced at what it feeds, the tokens each request's draft has not seen (:func:`policies.protocol.draft_lag`,
-  :func:`policies.step_time.catchup_step_seconds`); those lags are kept step by step (no runs of steps then).
+  is priced at what it feeds by the modelled engine's rule (the cost model's ``draft_extend``,
+  :func:`policies.protocol.draft_feed`: the tokens each request's draft has not seen, or vLLM V1's accepted tokens and
+  bonus, or every verified token; :func:`policies.step_time.catchup_step_seconds`); those feeds are kept step by step
+  (no runs of steps then).
 
 Runs of steps (the fast path, fenced in :mod:`simulator.core.runs`): for a stationary policy the engine
 simulates several decode steps of an unchanged batch in one event, the same steps at the same times; so does an
@@ -71,7 +73,7 @@ import numpy as np
 import simpy
 
 from policies.base import BatchView, Policy, StepOutcome
-from policies.protocol import admit_fcfs, checked_proposal, draft_lag, lookahead
+from policies.protocol import admit_fcfs, checked_proposal, draft_feed, lookahead
 from policies.step_time import catchup_step_seconds, predict_step_seconds, predict_tree_seconds, uniform_memo
 from policies.tree import TreeFamily
 from policies.errors import UserError
@@ -218,8 +220,8 @@ class SimulatedEngine(DecodeRuns):
         several tokens per sequence; :func:`policies.step_time.catchup_step_seconds`). The lags are kept per request,
         step by step: no runs of steps then."""
         self.lag: dict[int, int] = {}
-        """Tokens of each running request's context its draft has not seen (:func:`policies.protocol.draft_lag`;
-        absent: 1, as after its prefill). Kept only when :attr:`catchup`."""
+        """Tokens the draft's first pass feeds each running request at its next step (:func:`policies.protocol.draft_feed`
+        by the cost model's ``draft_extend``; absent: 1, as after its prefill). Kept only when :attr:`catchup`."""
         self.tree = spec.tree if spec.speculative else None
         """The token-tree family (``EngineSpec.tree``), None for chains: today's path."""
         self._step_prices = {}
@@ -770,8 +772,9 @@ class SimulatedEngine(DecodeRuns):
         if self.catchup:
             lag = self.lag
             tree = self.tree
-            for r, k, a in zip(rids, proposed, accepted):  # a tree's lag by its depth (draft_lag)
-                lag[r] = draft_lag(lag.get(r, 1), k if tree is None else tree.shape(k).depth, a)
+            rule = self.cost.draft_extend
+            for r, k, a in zip(rids, proposed, accepted):  # a tree's lag by its depth (draft_feed)
+                lag[r] = draft_feed(rule, lag.get(r, 1), k if tree is None else tree.shape(k).depth, a)
         if self.rec.keeps_steps:
             self.rec.step(start, seconds, kind, len(rids), prefill_tokens, self._blocks_used(), len(self.waiting),
                           *(np.array(x, dtype=np.int64) for x in (proposed, accepted, emitted)))

@@ -11,7 +11,6 @@ import functools
 import importlib.util
 import math
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,10 +22,10 @@ from policies import protocol
 from policies.base import Policy
 from policies.registry import load_policy_file, make_policy
 from simulator.inputs.acceptance import make_acceptance, tree_family
-from simulator.config import SimConfig, config_hash
-from simulator.costs.cost_model import CostModel, check_draft_method, load_cost_model
+from simulator.config import EngineConfig, SimConfig, config_hash, flag
+from simulator.costs.cost_model import CostModel, check_draft_method, load_cost_model, probing
 from simulator.core.engine import EngineSpec, SimulatedEngine
-from policies.errors import UserError
+from policies.errors import UserError, warn_user
 from simulator.core.memory import kv_layout, num_gpu_blocks
 from simulator.costs.cuda_graphs import with_cuda_graphs
 from simulator.core.prefix_cache import CacheStats
@@ -98,8 +97,7 @@ def check_costs(config: SimConfig, cost: Any, flag: str, speculative: bool) -> N
     k = config.speculative.k if speculative else 0
     batch = min(config.engine.max_num_seqs, 1024)
     longest = min(config.workload.max_prompt_len + config.workload.max_output_len, 10 ** 7)
-    with warnings.catch_warnings():  # probing past a measured grid is not the run's own extrapolation
-        warnings.simplefilter("ignore")
+    with probing():  # probing past a measured grid is not the run's own extrapolation
         probes = {
             "a decode step of one request": predict_step_seconds(cost, [1], [0], False),
             f"a decode step of {batch} requests of {longest} tokens with k={k}":
@@ -161,16 +159,74 @@ class RunSetup:
             env.run()
 
 
-def setup_run(config: SimConfig, workload: Workload | None, step_by_step: bool, cost: CostModel | None) -> RunSetup:
-    """The :class:`RunSetup` of ``config`` (:func:`run_simulation`'s arguments), its inputs checked."""
+def _flagged(cost: CostModel, flag: str) -> CostModel:
+    """``cost``, its warnings naming ``flag`` (:attr:`CostModel.flag`)."""
+    cost.flag = flag
+    return cost
+
+
+#: The simulator's default token budget of a step (``EngineConfig.max_num_batched_tokens``).
+DEFAULT_BUDGET = EngineConfig.max_num_batched_tokens
+
+
+def check_prefill_budget(config: SimConfig, workload: Workload, built: bool = True) -> None:
+    """Refuse prefill-first with a chosen token budget below the workload's longest prompt; at the default budget,
+    warn.
+
+    Prefill-first (vLLM v0 without chunked prefill) prefills each prompt whole in one step of at most
+    ``max_num_batched_tokens`` tokens; a longer prompt would be admitted alone, over the budget, as no vLLM runs: vLLM
+    v0 refuses ``max_num_batched_tokens < max_model_len`` without chunked prefill (``SchedulerConfig._verify_args``,
+    vllm/config.py, a ValueError). The workload's longest prompt stands for ``max_model_len`` here: the longest of a
+    trace or of the lengths drawn (a lognormal or a length file's, clipped at ``max_prompt_len``), or ``prompt_len``.
+    The message names the flag, its value, the longest prompt and where it comes from (``built``: the workload was
+    built from ``config``'s workload fields; else it was given, as a calibration's or a replay's).
+
+    A budget of the simulator's default (:data:`DEFAULT_BUDGET`) is not refused: it was likely never chosen, and the
+    shipped traces' longest prompts exceed it (Azure's conversation trace holds a 4,107-token prompt in its first
+    200 requests), so the run goes on, admitting such a prompt alone as before, and warns in one line
+    (:class:`policies.errors.InputWarning`). Any other budget is a choice, a user's or a calibrated profile's
+    (``calibration.settings``), and a choice vLLM would refuse is refused."""
+    engine, w = config.engine, config.workload
+    if engine.scheduler != "prefill-first" or not len(workload):
+        return
+    longest = int(workload.prompt_tokens.max())
+    if longest <= engine.max_num_batched_tokens:
+        return
+    clip = ""
+    if w.arrival == "trace" or not built:
+        where = f"of {workload.source}"
+    elif w.length_dist == "fixed":
+        where = f"--prompt-len {w.prompt_len}"
+    else:
+        where = f"drawn from the {w.length_dist} lengths, which --max-prompt-len {w.max_prompt_len} clips"
+        clip = f", or --max-prompt-len {engine.max_num_batched_tokens}"
+    default = engine.max_num_batched_tokens == DEFAULT_BUDGET
+    message = (f"{flag('max_num_batched_tokens')} {engine.max_num_batched_tokens}{' (the default)' if default else ''}: "
+               f"below the longest prompt, {longest} tokens ({where}); prefill-first (vLLM v0 without chunked "
+               f"prefill) {'admits' if default else 'would admit'} it alone over its budget, where vLLM refuses "
+               f"max_num_batched_tokens < max_model_len: give --scheduler chunked-prefill, or "
+               f"--max-num-batched-tokens {longest} or more{clip}")
+    if not default:
+        raise UserError(message)
+    warn_user(message)
+
+
+def setup_run(config: SimConfig, workload: Workload | None, step_by_step: bool, cost: CostModel | None, *,
+              workload_checked: bool = False) -> RunSetup:
+    """The :class:`RunSetup` of ``config`` (:func:`run_simulation`'s arguments), its inputs checked
+    (``workload_checked``: the workload against the engine's budget already, by the run this one is a replica of)."""
     wall = time.perf_counter()
     arrival_rng, length_rng, acceptance_rng, ngram_rng = random_streams(config.run.seed)
-    if workload is None:
+    built = workload is None
+    if built:
         workload = build_workload(config.workload, arrival_rng, length_rng)
+    if not workload_checked:
+        check_prefill_budget(config, workload, built)
     cost = with_cuda_graphs(load_cost_model(config.cost.profile, config.cost.fitter) if cost is None else cost,
                             config.engine.cuda_graph_sizes)
     policy_cost = cost if config.cost.policy_profile is None else with_cuda_graphs(
-        load_cost_model(config.cost.policy_profile, config.cost.fitter), config.engine.cuda_graph_sizes)
+        _flagged(load_cost_model(config.cost.policy_profile, config.cost.fitter), "--policy-profile"),
+        config.engine.cuda_graph_sizes)
     speculative = is_speculative(config)
     if speculative and config.speculative.proposer == "draft" and not cost.has("draft", "decode"):
         raise UserError(f"--profile {config.cost.profile}: has no draft decode costs; a draft-model proposer needs "
@@ -251,7 +307,7 @@ def run_simulation(config: SimConfig, workload: Workload | None = None, step_by_
                         config.run.save_steps)
     env = simpy.Environment()
     engine = SimulatedEngine(env, setup.spec, workload, setup.cost, setup.make_policy(config), setup.policy_cost,
-                             make_acceptance(config.speculative, setup.acceptance_rng), setup.ngram_rng, recorder)
+                             make_acceptance(config.speculative, setup.acceptance_rng, workload), setup.ngram_rng, recorder)
     engine.start()
     setup.run(env)
     summary = run_summary(config, setup, recorder, recorder.columns(), [engine.cache] if engine.cache else [])

@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from policies.step_time import run_seconds, uniform_memo, uniform_step_pricer, uniform_step_seconds
+from policies.step_time import overhead_pricer, run_seconds, uniform_memo, uniform_step_pricer, uniform_step_seconds
 from policies.tree import TreeShape
 
 LIST_RUNS = True
@@ -476,7 +476,7 @@ class DecodeRuns:
         if self.tree is not None:  # token trees: the policy told the family, drawn as _apply_decode draws them
             propose, draw = partial(propose, tree=self.tree), partial(self.acceptance.draw_tree, family=self.tree)
         match, take = spec.ngram_match_prob, self._match.take
-        target, overhead = engine_cost.target_time, engine_cost.overhead_time(batch)
+        target, overhead_of = engine_cost.target_time, overhead_pricer(engine_cost, batch)
         steps, context, left, remaining = 0, sum(ctx0), left0, sum(left0)
         recent = deque(maxlen=max(max_k, 1))  # (tokens left before the step, proposals) of the last max_k steps
         spec_steps = spec_proposed = 0  # steps in which everyone proposed one k > 0, and their ks summed
@@ -490,8 +490,9 @@ class DecodeRuns:
             k = proposed[0]
             uniform = proposed.count(k) == batch
             if not draft:  # shape_seconds without draft passes (the memo's number too, where it has one)
-                seconds = target(batch, sum(proposed) + batch, context)
-                seconds += overhead
+                query = sum(proposed) + batch
+                seconds = target(batch, query, context)
+                seconds += overhead_of(query)
             elif uniform and UNIFORM_STEPS:  # as _decode_seconds prices a uniform step: its scalar formula
                 if (price := pricers.get(k)) is None:
                     price = pricers[k] = self._uniform_pricer(batch, k)
@@ -642,7 +643,7 @@ class DecodeRuns:
         rids, ctx0, left0, blocks0 = self.rid, self.ctx, self.left, self.blocks
         horizon = min(most, self.free_blocks // ((k + bs) // bs * batch))  # steps that surely fit (with every hit)
         match, take, draw = self.spec.ngram_match_prob, self._match.take, self.acceptance.draw_list
-        target, overhead = self.cost.target_time, self.cost.overhead_time(batch)
+        target, overhead_of = self.cost.target_time, overhead_pricer(self.cost, batch)
         context, steps, left, remaining, held, proposed_sum = sum(ctx0), 0, left0, sum(left0), blocks0, [0] * batch
         spent = self.load.seconds[batch]
         while True:
@@ -651,7 +652,7 @@ class DecodeRuns:
                     for c, t0, t, q, h in zip(ctx0, left0, left, proposed, held)]
             query = sum(proposed) + batch
             seconds = target(batch, query, context)  # shape_seconds without draft passes
-            seconds += overhead
+            seconds += overhead_of(query)
             clock += seconds  # as SimPy adds the step's timeout
             spent += seconds
             if query > batch:  # someone proposes

@@ -32,11 +32,15 @@ A CSV profile needs rows for target/prefill and target/decode; draft/decode and 
 optional. Its per-step overhead comes from rows with role ``target``, phase ``overhead`` (fitted
 ``base + per_seq * batch_size``), and is 0 without them; a prefill step's from phase ``prefill_overhead`` rows
 when the profile has them (an engine's prefill step does other work than its decode step), else the same. Rows of
-phase ``frontend`` give the serving front end's seconds per request (:meth:`CostModel.frontend_time`; 0 without).
+phase ``frontend`` give the serving front end's seconds per request (:meth:`CostModel.frontend_time`; 0 without);
+rows of phase ``spec_overhead`` what a speculative step spends beyond its passes and that overhead
+(:meth:`CostModel.speculation_time`; fitted as a decode block over batch size and verified tokens, its context 0; 0
+without).
 Fitted models are cached (see :func:`load_cost_model`).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import itertools
@@ -46,14 +50,15 @@ import os
 import warnings
 from bisect import bisect_right
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
 from simulator.costs import profile_table
 from simulator.config import FITTERS
 from policies.draft_head import DEFAULT_DRAFT_METHOD, HEAD_METHODS
-from policies.errors import UserError
+from policies.errors import InputWarning, UserError
+from policies.protocol import DRAFT_EXTENDS
 from simulator.costs.profile_table import (BATCH_LAYOUTS, VERIFICATIONS, Memory, ProfileTable, meta_path, read_json,
                                            read_profile, write_atomic)
 
@@ -76,14 +81,15 @@ AXES = {
 #: Coefficient-JSON block of each (role, phase), and the kind of pass it describes.
 BLOCKS = {("target", "decode"): "target", ("draft", "decode"): "draft", ("target", "prefill"): "prefill",
           ("draft", "prefill"): "draft_prefill", ("target", "overhead"): "overhead",
-          ("target", "prefill_overhead"): "prefill_overhead", ("target", "frontend"): "frontend"}
+          ("target", "prefill_overhead"): "prefill_overhead", ("target", "frontend"): "frontend",
+          ("target", "spec_overhead"): "spec_overhead"}
 KIND = {"target": "decode", "draft": "decode", "prefill": "prefill", "draft_prefill": "prefill",
-        "overhead": "overhead", "prefill_overhead": "overhead", "frontend": "overhead"}
+        "overhead": "overhead", "prefill_overhead": "overhead", "frontend": "overhead", "spec_overhead": "decode"}
 #: Profile columns holding each natural axis (a prefill row's prompt length is its query_len).
 PROFILE_COLUMNS = {kind: ("batch_size", "query_len", "context_len")[:len(axes)] for kind, axes in AXES.items()}
 REQUIRED_BLOCKS = ("target", "prefill")
 OTHER_KEYS = ("method", "source", "memory", "fit_error", "grid", "interp", "verification", "batch_layout",
-              "draft_method")
+              "draft_method", "draft_extend")
 #: What a model's draft rows can describe: a draft model, or a draft head (vLLM's method names).
 DRAFT_METHODS = (DEFAULT_DRAFT_METHOD, *HEAD_METHODS)
 #: A query beyond this multiple of the grid's largest batch size or per-sequence length warns.
@@ -121,8 +127,13 @@ class CostModel:
     draft_method: str = DEFAULT_DRAFT_METHOD
     """What the draft rows price: ``draft_model`` (a draft model) or a draft head's method (``eagle``, ``eagle3``,
     ``mtp``; a profile's metadata ``draft.speculative_method``); a simulation's speculative method must match it."""
+    draft_extend: str = DRAFT_EXTENDS[0]
+    """What the drafter's first pass of a step feeds each request (:data:`policies.protocol.DRAFT_EXTENDS`; a profile's
+    metadata ``draft_extend``): priced where :attr:`prices_catchup` (:func:`policies.protocol.draft_feed`)."""
     source: str
     path: str
+    flag: str = "--profile"
+    """The flag that named :attr:`path`, for warnings (the runner sets ``--policy-profile`` on the policy's own)."""
     memory: Memory | None
     fit_error: list[dict] | None
 
@@ -226,6 +237,19 @@ class CostModel:
         """Per-step scheduler and sampling seconds of a decode step of ``batch_size`` sequences."""
         raise NotImplementedError
 
+    def speculation_time(self, batch_size: int, query_tokens: int) -> float:
+        """Seconds a speculative step of ``batch_size`` sequences verifying ``query_tokens`` tokens in all spends beyond
+        its passes and :meth:`overhead_time`: the engine's host work for speculation (fixed, and per sequence: e.g.
+        vLLM V1's n-gram lookup on the CPU, the draft-token bookkeeping) and the rejection sampler over every verified
+        token's logits. :func:`policies.step_time.step_overhead` adds it to a step in which anyone proposes, where
+        :attr:`prices_speculation`. 0 here: a model without it prices a speculative step's overhead as a plain one's."""
+        return 0.0
+
+    @property
+    def prices_speculation(self) -> bool:
+        """Whether :meth:`speculation_time` is priced (a profile with ``spec_overhead`` rows)."""
+        return False
+
     def prefill_overhead_time(self, batch_size: int) -> float:
         """Per-step seconds beyond the passes of a prefill-only step of ``batch_size`` prompts (default: as a
         decode step's, :meth:`overhead_time`)."""
@@ -254,15 +278,16 @@ class LinearCostModel(CostModel):
 
     Without a ``draft`` block :meth:`draft_time` raises :class:`UserError` (no draft-model proposer on
     this model); without a ``draft_prefill`` block the draft's prefill costs nothing; without an
-    ``overhead`` block the overhead is 0.
+    ``overhead`` block the overhead is 0; without a ``spec_overhead`` block :meth:`speculation_time` is 0.
     """
 
     def __init__(self, coefficients: Coefficients, *, method: str, source: str, path: str,
                  memory: Memory | None = None, grid: Grid | None = None,
                  fit_error: list[dict] | None = None, verification: str = VERIFICATIONS[0],
-                 batch_layout: str = BATCH_LAYOUTS[0], draft_method: str = DEFAULT_DRAFT_METHOD) -> None:
+                 batch_layout: str = BATCH_LAYOUTS[0], draft_method: str = DEFAULT_DRAFT_METHOD,
+                 draft_extend: str = DRAFT_EXTENDS[0]) -> None:
         self.method, self.source, self.path, self.verification = method, source, path, verification
-        self.batch_layout, self.draft_method = batch_layout, draft_method
+        self.batch_layout, self.draft_method, self.draft_extend = batch_layout, draft_method, draft_extend
         self.memory, self.fit_error = memory, fit_error
         self._coef = dict(coefficients)
         self._grid = dict(grid or {})
@@ -452,6 +477,15 @@ class LinearCostModel(CostModel):
         base, per_seq = self._overhead
         return base + per_seq * batch_size
 
+    def speculation_time(self, batch_size: int, query_tokens: int) -> float:
+        if "spec_overhead" not in self._coef:
+            return 0.0
+        return self._decode("spec_overhead", batch_size, query_tokens, 0)
+
+    @property
+    def prices_speculation(self) -> bool:
+        return "spec_overhead" in self._coef
+
     def prefill_overhead_time(self, batch_size: int) -> float:
         if "prefill_overhead" not in self._coef:
             return self.overhead_time(batch_size)
@@ -495,17 +529,17 @@ class LinearCostModel(CostModel):
             + per_seq * batch_size
 
     def _warn_far(self, block: str, batch_size: int, per_seq: float) -> None:
-        """Warn once per block about a query far outside the profiled grid."""
-        if block in self._warned:
+        """Warn once per block about a query far outside the profiled grid (not while :func:`probing`)."""
+        if block in self._warned or _PROBES:
             return
         self._warned.add(block)
         role, phase = next(rp for rp, b in BLOCKS.items() if b == block)
         axes = AXES[KIND[block]]
         ranges = ", ".join(f"{axis} {nodes[0]:g}..{nodes[-1]:g}"
                            for axis, nodes in zip(axes, self._grid[block]) if axis != "query_len")
-        warnings.warn(f"{self.path}: {role} {phase} asked at batch_size={batch_size:g}, {axes[-1]}={per_seq:g} "
-                      f"per sequence, more than {FAR:g}x beyond the profiled grid ({ranges}); extrapolating",
-                      stacklevel=3)
+        warnings.warn(f"{self.flag} {self.path}: {role} {phase} asked at batch_size={batch_size:g}, "
+                      f"{axes[-1]}={per_seq:g} per sequence, more than {FAR:g}x beyond the profiled grid ({ranges}); "
+                      "extrapolating", InputWarning, stacklevel=3)
 
     # -- serialisation -----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -513,6 +547,8 @@ class LinearCostModel(CostModel):
                                "batch_layout": self.batch_layout, "source": self.source}
         if self.draft_method != DEFAULT_DRAFT_METHOD:
             out["draft_method"] = self.draft_method
+        if self.draft_extend != DRAFT_EXTENDS[0]:
+            out["draft_extend"] = self.draft_extend
         for block, values in self._coef.items():
             out[block] = dict(zip(COEFFICIENTS[KIND[block]], values))
         if self.memory is not None:
@@ -636,7 +672,7 @@ def fit_cost_model(table: ProfileTable, fitter: str = "linear",
             points[block] = rows
     common = dict(method=table.method_label, source=table.path, path=table.path, memory=table.memory, grid=grid,
                   fit_error=fit_error, verification=table.verification, batch_layout=table.batch_layout,
-                  draft_method=draft_method_of(table))
+                  draft_method=draft_method_of(table), draft_extend=table.draft_extend)
     if fitter == "linear":
         return LinearCostModel(coefficients, **common)
     tables = {block: _fill_table(KIND[block], rows, grid[block], coefficients[block])
@@ -740,6 +776,22 @@ def _fill_table(kind: str, rows: pd.DataFrame, nodes: tuple[tuple[float, ...], .
     return [float(v) for v in values.ravel()]
 
 
+#: Open :func:`probing` blocks (a list, so that they nest).
+_PROBES: list[None] = []
+
+
+@contextlib.contextmanager
+def probing() -> Iterator[None]:
+    """Inside the block, a query far beyond a model's grid neither warns nor counts as warned: a check's probes of
+    the largest shapes a config allows (:func:`simulator.core.runner.check_costs`) are not the run's own
+    extrapolation, which then still warns when the run asks it."""
+    _PROBES.append(None)
+    try:
+        yield
+    finally:
+        _PROBES.pop()
+
+
 def _far_limits(nodes: tuple[tuple[float, ...], ...] | None) -> tuple[float, float]:
     """(batch size, per-sequence context or prompt length) beyond which a query warns."""
     if not nodes:
@@ -797,6 +849,8 @@ def predict_row(model: CostModel, role: str, phase: str, b: int, q: int, c: int)
         return model.prefill_overhead_time(b)
     if phase == "frontend":
         return model.frontend_time()
+    if phase == "spec_overhead":
+        return model.speculation_time(b, b * q)
     return model.overhead_time(b)
 
 
@@ -882,11 +936,12 @@ def _cache_key(csv: bytes, meta: bytes, fitter: str) -> str:
 def model_from_dict(data: Any, path: str) -> CostModel:
     """Validate a coefficient JSON (as parsed) from file ``path`` and build its model.
 
-    Blocks ``target`` and ``prefill`` are required; ``draft``, ``draft_prefill`` and ``overhead`` are
-    optional (see :class:`LinearCostModel`); a missing coefficient is 0. Also optional: ``method``
+    Blocks ``target`` and ``prefill`` are required; ``draft``, ``draft_prefill``, ``overhead`` and ``spec_overhead``
+    are optional (see :class:`LinearCostModel`); a missing coefficient is 0. Also optional: ``method``
     (default ``hand-written``; a measured one may name its forward path: ``measured, optimized``),
     ``verification`` (default ``multi-query``), ``batch_layout`` (default ``ragged``), ``draft_method`` (default
-    ``draft_model``; a draft head's ``eagle``, ``eagle3`` or ``mtp``), ``source`` (default ``path``),
+    ``draft_model``; a draft head's ``eagle``, ``eagle3`` or ``mtp``), ``draft_extend`` (default ``unseen``;
+    ``accepted`` or ``padded``, :data:`policies.protocol.DRAFT_EXTENDS`), ``source`` (default ``path``),
     ``memory``, ``fit_error``, and for fitted models ``grid`` (measured axis values) and ``interp`` (seconds at every
     grid node).
     """
@@ -911,6 +966,9 @@ def model_from_dict(data: Any, path: str) -> CostModel:
     draft_method = data.get("draft_method", DEFAULT_DRAFT_METHOD)
     if draft_method not in DRAFT_METHODS:
         raise UserError(f"{path}: draft_method must be one of {', '.join(DRAFT_METHODS)} (got {draft_method!r})")
+    draft_extend = data.get("draft_extend", DRAFT_EXTENDS[0])
+    if draft_extend not in DRAFT_EXTENDS:
+        raise UserError(f"{path}: draft_extend must be one of {', '.join(DRAFT_EXTENDS)} (got {draft_extend!r})")
     source = data.get("source", path)
     if not isinstance(source, str):
         raise UserError(f"{path}: source must be a string (got {source!r})")
@@ -920,7 +978,8 @@ def model_from_dict(data: Any, path: str) -> CostModel:
     memory = Memory.from_dict(data["memory"], f"{path}: memory") if "memory" in data else None
     grid = _grid(data.get("grid", {}), coefficients, path)
     common = dict(method=method, source=source, path=path, memory=memory, grid=grid, fit_error=fit_error,
-                  verification=verification, batch_layout=batch_layout, draft_method=draft_method)
+                  verification=verification, batch_layout=batch_layout, draft_method=draft_method,
+                  draft_extend=draft_extend)
     if "interp" not in data:
         return LinearCostModel(coefficients, **common)
     return InterpCostModel(coefficients, tables=_tables(data["interp"], grid, path), **common)

@@ -6,7 +6,8 @@ sizes in scheduled tokens, 1, 2, 4, 8, 16, ..., 512). A step larger than every c
 :class:`CudaGraphPadding` prices a decode pass of ``q`` tokens over ``b`` sequences as the inner cost model's pass of
 ``pad(q)`` tokens over ``b + pad(q) - q`` sequences, the padding being one-token sequences with no context (they
 add token work, not KV reads). Prefill passes and the per-step CPU work are not padded. The step formula stays
-the one of :mod:`policies.step_time`; only the passes it asks for are priced padded.
+the one of :mod:`policies.step_time`; only the passes it asks for are priced padded (a speculative step's host and
+sampler seconds, :meth:`CostModel.speculation_time`, are not padded either).
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ class CudaGraphPadding(CostModel):
     def __init__(self, inner: CostModel, sizes: tuple[int, ...]) -> None:
         self.inner = inner
         self.sizes = tuple(sizes)
-        for name in ("method", "verification", "batch_layout", "draft_method", "source", "path", "memory",
-                     "fit_error"):
+        for name in ("method", "verification", "batch_layout", "draft_method", "draft_extend", "source", "path",
+                     "memory", "fit_error"):
             setattr(self, name, getattr(inner, name))
 
     def padding(self, tokens: int) -> int:
@@ -56,6 +57,13 @@ class CudaGraphPadding(CostModel):
 
     def overhead_time(self, batch_size: int) -> float:
         return self.inner.overhead_time(batch_size)
+
+    def speculation_time(self, batch_size: int, query_tokens: int) -> float:
+        return self.inner.speculation_time(batch_size, query_tokens)
+
+    @property
+    def prices_speculation(self) -> bool:
+        return self.inner.prices_speculation
 
     def prefill_overhead_time(self, batch_size: int) -> float:
         return self.inner.prefill_overhead_time(batch_size)

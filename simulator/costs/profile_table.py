@@ -7,9 +7,12 @@ Required columns (units: sequences, tokens, seconds):
 - ``role``: ``target`` or ``draft``;
 - ``phase``: ``prefill``, ``decode``, ``overhead`` or ``prefill_overhead`` (role ``target`` only: the per-step
   scheduler and sampling seconds of a decode step, or of a prefill-only step, over ``batch_size`` sequences;
-  ``query_len`` and ``context_len`` are ignored), or ``frontend`` (role ``target``, ``batch_size`` 1: the serving
+  ``query_len`` and ``context_len`` are ignored), ``frontend`` (role ``target``, ``batch_size`` 1: the serving
   front end's seconds per request before the engine sees it, e.g. an API server's HTTP handling and tokenization;
-  :mod:`simulator.core.engine`);
+  :mod:`simulator.core.engine`), or ``spec_overhead`` (role ``target``: the seconds a speculative step spends beyond
+  its passes and a plain step's ``overhead``, over ``batch_size`` sequences verifying ``query_len`` tokens each,
+  k + 1: the proposer's host work and the rejection sampler, :meth:`simulator.costs.cost_model.CostModel.
+  speculation_time`; ``context_len`` 0; a profile without these rows prices none);
 - ``batch_size``: sequences in the pass (>= 1);
 - ``query_len``: new tokens per sequence: the prompt length for prefill, k + 1 for a target
   decode/verification pass, 1 for a draft decode pass that proposes (more for the pass that first feeds the draft
@@ -24,7 +27,9 @@ kept and ignored. The metadata is free-form JSON (device, dtype, versions, date,
 ``forward`` (a measured profile's forward path: ``eager``, Hugging Face as is, or ``optimized``) and
 ``batch_layout`` (:data:`BATCH_LAYOUTS`: how the profiled engine lays out sequences that feed different numbers of
 new tokens in one pass: ``ragged``, packed one after another as vLLM does, the default; or ``padded`` to the
-longest, as this project's real engine does; the simulator reads it to price the draft's catch-up pass).
+longest, as this project's real engine does; the simulator reads it to price the draft's catch-up pass) and
+``draft_extend`` (:data:`policies.protocol.DRAFT_EXTENDS`: what the drafter's first pass of a step feeds each request:
+``unseen``, the default, ``accepted`` or ``padded``; priced where the draft rows have more than one query length).
 
 Verification pricing is a property of the modelled engine (DESIGN.md): ``multi-query`` (the sequence's
 k + 1 tokens are queries of one attention call that reads its KV cache once; vLLM v1, SGLang, TensorRT-LLM,
@@ -44,13 +49,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from policies.errors import UserError
+from policies.protocol import DRAFT_EXTENDS
 from simulator.results import atomic_write
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
 
 ROLES = ("target", "draft")
-PHASES = ("prefill", "decode", "overhead", "prefill_overhead", "frontend")
+PHASES = ("prefill", "decode", "overhead", "prefill_overhead", "frontend", "spec_overhead")
 REQUIRED_COLUMNS = ("role", "phase", "batch_size", "query_len", "context_len", "seconds")
 OPTIONAL_COLUMNS = ("seconds_p10", "seconds_p90", "repeats", "num_layers")
 TABLE_METHODS = ("measured", "analytical")
@@ -67,11 +73,13 @@ def method_label(meta: dict) -> str:
     """What a profile's figures and summaries call its method: ``analytical``, ``measured, optimized`` or
     ``measured, HF eager`` (a measured profile that does not name its forward path timed Hugging Face eager
     passes: every one made before the optimized path existed); a profile with a ``calibration`` block
-    (``run_sim.py calibrate``) adds ``calibrated to vLLM`` or ``transferred from vLLM-calibrated``."""
+    (``run_sim.py calibrate``) adds ``calibrated to vLLM`` or ``transferred from vLLM-calibrated`` (or the engine
+    the block names: ``calibrated to SGLang``, :mod:`profiles.spec_calibrate`)."""
     method = meta.get("method", "measured")
     if isinstance(meta.get("calibration"), dict):  # profiles/calibrate.py: fitted to (or moved from) vLLM's results
         moved = "transferred_from" in meta["calibration"]
-        return f"{method}, {'transferred from vLLM-calibrated' if moved else 'calibrated to vLLM'}"
+        engine = {"sglang": "SGLang"}.get(meta["calibration"].get("engine"), "vLLM")
+        return f"{method}, {f'transferred from {engine}-calibrated' if moved else f'calibrated to {engine}'}"
     if method != "measured":
         return method
     return f"measured, {FORWARDS.get(meta.get('forward', 'eager'), meta.get('forward'))}"
@@ -162,11 +170,45 @@ class ProfileTable:
         return self.meta.get("batch_layout", BATCH_LAYOUTS[0])
 
     @property
+    def draft_extend(self) -> str:
+        """``unseen``, ``accepted`` or ``padded`` (from the metadata; ``unseen`` when it does not say)."""
+        return self.meta.get("draft_extend", DRAFT_EXTENDS[0])
+
+    @property
     def memory(self) -> Memory | None:
         """The metadata's memory figures, or ``None``."""
         if "memory" not in self.meta:
             return None
         return Memory.from_dict(self.meta["memory"], f"{meta_path(self.path)}: memory")
+
+
+#: The config fields that describe a vLLM deployment: what a profile calibrated to its results records as the settings
+#: its results ran with (``calibration.settings`` of its metadata, :mod:`profiles.calibrate`; a transfer keeps its
+#: source's), and what ``simulate``, ``sweep``, ``compare`` and ``tune`` take from such a profile as defaults
+#: (:func:`calibration_settings`).
+DEPLOYMENT_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_utilization", "scheduler",
+                       "num_scheduler_steps", "cuda_graph_sizes", "enable_prefix_caching", "num_gpu_blocks")
+
+
+def calibration_settings(path: str | os.PathLike) -> dict[str, Any]:
+    """The vLLM settings the profile ``path`` (its CSV, or its ``.meta.json``) was calibrated with
+    (:data:`DEPLOYMENT_SETTINGS` its metadata's ``calibration.settings`` records, JSON lists as tuples); empty for any
+    other profile (a coefficient JSON, a CSV without metadata or calibration). An unreadable metadata file says nothing
+    here: loading the profile reports it."""
+    p = Path(path)
+    meta_file = p if p.name.lower().endswith(".meta.json") else meta_path(p) if p.suffix.lower() == ".csv" else None
+    if meta_file is None or not meta_file.is_file():
+        return {}
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError):
+        return {}
+    calibration = meta.get("calibration") if isinstance(meta, dict) else None
+    settings = calibration.get("settings") if isinstance(calibration, dict) else None
+    if not isinstance(settings, dict):
+        return {}
+    return {name: tuple(value) if isinstance(value, list) else value for name, value in settings.items()
+            if name in DEPLOYMENT_SETTINGS}
 
 
 def meta_path(path: str | os.PathLike) -> Path:
@@ -229,7 +271,8 @@ def validate_frame(frame: pd.DataFrame, where: str) -> pd.DataFrame:
             if not pd.api.types.is_numeric_dtype(out[column]):
                 out[column] = values
     overhead = out["phase"].isin(["overhead", "prefill_overhead", "frontend"])
-    _rule(out, overhead & (out["role"] != "target"), where, "role", "must be target for an overhead phase")
+    _rule(out, (overhead | (out["phase"] == "spec_overhead")) & (out["role"] != "target"), where, "role",
+          "must be target for an overhead phase")
     _rule(out, ~overhead & (out["query_len"] < 1), where, "query_len", "must be >= 1")
     _rule(out, (out["phase"] == "prefill") & (out["context_len"] != 0), where, "context_len",
           "must be 0 for prefill (prefill over a cached prefix is not modelled)")
@@ -265,6 +308,9 @@ def _check_meta(meta: Any, where: str) -> None:
     if meta.get("batch_layout", BATCH_LAYOUTS[0]) not in BATCH_LAYOUTS:
         raise UserError(f"{where}: batch_layout must be one of {', '.join(BATCH_LAYOUTS)} "
                         f"(got {meta['batch_layout']!r})")
+    if meta.get("draft_extend", DRAFT_EXTENDS[0]) not in DRAFT_EXTENDS:
+        raise UserError(f"{where}: draft_extend must be one of {', '.join(DRAFT_EXTENDS)} "
+                        f"(got {meta['draft_extend']!r})")
     if "memory" in meta:
         Memory.from_dict(meta["memory"], f"{where}: memory")
 

@@ -334,8 +334,8 @@ def run_disagg(config: SimConfig, workload: Workload | None = None, step_by_step
         accept_rng, ngram_rng = (setup.acceptance_rng, setup.ngram_rng) if j == 0 else \
             replica_streams(config.run.seed, j)
         decode.append(SimulatedEngine(env, decode_spec, workload, setup.cost, setup.make_policy(config),
-                                      setup.policy_cost, make_acceptance(config.speculative, accept_rng), ngram_rng,
-                                      rec))
+                                      setup.policy_cost, make_acceptance(config.speculative, accept_rng, workload),
+                                      ngram_rng, rec))
     # prefill instances never decode: they are handed the first decode instance's models, and never draw from them
     prefill = [_Replica(env, setup.spec, workload, setup.cost, setup.make_policy(config), setup.policy_cost,
                         decode[0].acceptance, decode[0].ngram_rng, rec) for rec in prefill_recs]

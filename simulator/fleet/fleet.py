@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
 from bisect import bisect_right
 from collections.abc import Sequence
 from functools import partial
@@ -53,7 +52,7 @@ from typing import Any
 import numpy as np
 import simpy
 
-from policies.errors import UserError
+from policies.errors import UserError, warn_user
 from simulator.config import DEFAULT_SIM_PROFILE, SimConfig
 from simulator.core.engine import EngineSpec, SimulatedEngine
 from simulator.core.prefix_cache import prompt_keys
@@ -510,7 +509,7 @@ def replica_parts(config: SimConfig, setup: RunSetup, step_by_step: bool,
         path = resolve_profile(entry)
         if path not in parts:  # the policy file, already loaded, is not loaded again
             own = setup_run(config.replace(profile=path, replica_profiles=(), replicas=1, policy_file=None),
-                            setup.workload, step_by_step, None)
+                            setup.workload, step_by_step, None, workload_checked=True)
             parts[path] = (own.cost, own.policy_cost, own.spec)
         out.append((path, *parts[path]))
     return out
@@ -535,8 +534,8 @@ def run_fleet(config: SimConfig, workload: Workload | None = None, step_by_step:
     parts = replica_parts(config, setup, step_by_step, cost)
     workload = setup.workload
     if config.fleet.router == "session" and router is None and workload.prompt_id is None:
-        warnings.warn("--router session: the workload has no session key (no prompt_id column; Mooncake's trace has "
-                      "none): every request is routed round robin", stacklevel=2)
+        warn_user("--router session: the workload has no session key (no prompt_id column; Mooncake's trace has "
+                  "none): every request is routed round robin")
     recorder = FleetRecorder(workload.arrival_time, workload.prompt_tokens, workload.output_tokens,
                              config.run.save_steps)
     recorders = [recorder.replica(keep_steps=config.run.save_steps) for _ in range(n)]
@@ -550,7 +549,7 @@ def run_fleet(config: SimConfig, workload: Workload | None = None, step_by_step:
         accept_rng, ngram_rng = (setup.acceptance_rng, setup.ngram_rng) if j == 0 else \
             replica_streams(config.run.seed, j)
         engine = _Replica(env, spec, workload, engine_cost, setup.make_policy(config), policy_cost,
-                          make_acceptance(config.speculative, accept_rng), ngram_rng, recorders[i])
+                          make_acceptance(config.speculative, accept_rng, workload), ngram_rng, recorders[i])
         if j:  # one list for the fleet: a request's tokens are counted by the one replica that serves it
             engine.generated = engines[order[0]].generated
         engine.cuts = CUT_RUNS and type(engine.acceptance) in REWINDABLE and engine.tree is None

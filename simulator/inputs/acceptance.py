@@ -28,6 +28,13 @@ Models (``SpeculativeConfig.acceptance``):
   accepted + 1 after a rejection, by k otherwise). When the stream runs out the request continues on a
   freshly drawn stream, even in the middle of a step: it reads an endless concatenation of recorded
   streams. Replayed with the k it was recorded with, a stream reproduces its recorded steps exactly.
+  With ``acceptance_by_prompt`` (``--acceptance-by-prompt``), a request whose workload ``prompt_id`` names a recorded
+  request (its ``request_id`` in the trace) starts on that request's own stream, from its first bit, instead of a
+  drawn one: copies of one prompt (a workload of B rows with one ``prompt_id``, sent together) then accept alike at
+  every step and stay in lockstep, as SpecDecode-Bench's batches of B identical prompts decode (greedy outputs of one
+  prompt are one text; ``profiles/data/specdecode_bench``); a request whose id is not in the trace draws as without
+  it. A recorded step that proposed nothing (an n-gram lookup without a match) adds no bit: the stream holds the
+  steps that proposed, and the engine's misses come from ``ngram_match_prob``.
 
 :func:`fit_acceptance` estimates the parameters of the other models from a trace.
 
@@ -51,7 +58,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -60,6 +67,9 @@ from simulator.inputs.csv_checks import finite_numbers, read_table, refuse_first
 from policies.errors import UserError, require
 from policies.tree import (RankTable, TreeFamily, accepted_length, configured_tree, inversion_table, rank_table,
                           survival)
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from simulator.inputs.workload import Workload
 
 #: Columns an acceptance trace must have (others are ignored).
 TRACE_COLUMNS = ("request_id", "proposed", "accepted")
@@ -365,6 +375,8 @@ class AcceptanceTrace:
     """Draft tokens proposed in the step (int64)."""
     accepted: np.ndarray
     """Draft tokens accepted in the step, 0 <= accepted <= proposed (int64)."""
+    names: tuple[str, ...] = ()
+    """The file's ``request_id`` of each request, by :attr:`request_index`."""
 
     @property
     def num_requests(self) -> int:
@@ -388,9 +400,17 @@ class ReplayAcceptance(AcceptanceModel):
 
     name = "replay"
 
-    def __init__(self, trace: AcceptanceTrace, rng: np.random.Generator) -> None:
+    def __init__(self, trace: AcceptanceTrace, rng: np.random.Generator, prompt_ids: np.ndarray | None = None) -> None:
         bits, lengths = trace.bit_streams()
-        lengths = lengths[lengths > 0]  # a request that never proposed has no stream
+        proposing = lengths > 0
+        self._own_stream: dict[int, int] = {}
+        """Request id -> the stream it starts on (``acceptance_by_prompt``: its prompt's recorded one)."""
+        if prompt_ids is not None:
+            stream_of = dict(zip(np.array(trace.names)[proposing].tolist(), range(int(proposing.sum()))))
+            for rid, prompt in enumerate(prompt_ids.tolist()):
+                if (stream := stream_of.get(str(prompt))) is not None:
+                    self._own_stream[rid] = stream
+        lengths = lengths[proposing]  # a request that never proposed has no stream
         self._stream_end = np.cumsum(lengths)
         self._stream_start = self._stream_end - lengths
         position = np.arange(bits.size)
@@ -414,7 +434,12 @@ class ReplayAcceptance(AcceptanceModel):
         self._pos = _grown(self._pos, request_id, 0)
         self._end = _grown(self._end, request_id, 0)
         if self._end[request_id] == 0:
-            self._assign(np.array([request_id]))
+            own = self._own_stream.get(request_id)
+            if own is None:
+                self._assign(np.array([request_id]))
+            else:  # its prompt's own recorded stream, from the start (acceptance_by_prompt)
+                self._pos[request_id] = self._stream_start[own]
+                self._end[request_id] = self._stream_end[own]
 
     def draw(self, request_ids: np.ndarray, proposed: np.ndarray) -> np.ndarray:
         accepted = np.zeros(len(request_ids), dtype=np.int64)
@@ -484,8 +509,10 @@ class ReplayAcceptance(AcceptanceModel):
         self._end[request_ids] = self._stream_end[stream]
 
 
-def make_acceptance(config: SpeculativeConfig, rng: np.random.Generator) -> AcceptanceModel:
-    """The acceptance model ``config.acceptance`` with its parameters, drawing from ``rng``."""
+def make_acceptance(config: SpeculativeConfig, rng: np.random.Generator,
+                    workload: Workload | None = None) -> AcceptanceModel:
+    """The acceptance model ``config.acceptance`` with its parameters, drawing from ``rng``; ``workload``: the requests
+    it serves (their prompt ids pick the replayed streams under ``acceptance_by_prompt``)."""
     model: AcceptanceModel
     if config.acceptance == "constant":
         model = ConstantAcceptance(config.acceptance_rate, rng)
@@ -498,7 +525,8 @@ def make_acceptance(config: SpeculativeConfig, rng: np.random.Generator) -> Acce
         model = ByRankAcceptance(read_rank_table(config.acceptance_by_rank), config.k, rng)
     else:
         assert config.acceptance == "replay" and config.acceptance_trace is not None  # SpeculativeConfig validates
-        model = ReplayAcceptance(read_acceptance_trace(config.acceptance_trace), rng)
+        prompt_ids = workload.prompt_ids() if config.acceptance_by_prompt and workload is not None else None
+        model = ReplayAcceptance(read_acceptance_trace(config.acceptance_trace), rng, prompt_ids)
     model.ranks = config.acceptance_ranks
     return model
 
@@ -518,10 +546,11 @@ def tree_family(config: SpeculativeConfig) -> TreeFamily | None:
 def read_rank_table(path: str) -> RankTable:
     """Read a CSV of acceptance by depth and rank ``depth,rank,probability`` (extra columns ignored; ``profile
     --acceptance`` writes it): ``probability`` is q[depth][rank], the probability that the target's token at that depth
-    (1, 2, ...) is the draft's candidate of that rank (0 = its most likely), given the path above was accepted. Ranks
-    not given are 0; depths past the last repeat it. Bad input stops with one line naming the file, the line and the
-    value: depths not 1..D without gaps, ranks not whole numbers >= 0, a (depth, rank) given twice, probabilities
-    outside [0, 1] or summing to more than 1 at a depth."""
+    (1, 2, ...) is the draft's candidate of that rank (0 = its most likely), given the path above was accepted. Depths
+    past the last repeat it. Bad input stops with one line naming the file, the line and the value: depths not 1..D
+    without gaps, ranks of a depth not 0..R without gaps (a rank never accepted is a row of probability 0, not a
+    missing row: a gap is more likely a lost line than a measured 0), ranks not whole numbers >= 0, a (depth, rank)
+    given twice, probabilities outside [0, 1] or summing to more than 1 at a depth."""
     _, columns = read_table(path, {"ranks": RANK_COLUMNS})
     depth = whole_numbers(path, columns["depth"], 1)
     rank = whole_numbers(path, columns["rank"], 0)
@@ -537,7 +566,11 @@ def read_rank_table(path: str) -> RankTable:
     require(not missing, f"{path}: depth {missing[0] if missing else 0} has no row (depths must run 1..{depths})")
     rows = []
     for d in range(1, depths + 1):
-        row = [0.0] * (int(rank[depth == d].max()) + 1)
+        ranks = set(rank[depth == d].tolist())
+        gap = min(set(range(max(ranks) + 1)) - ranks, default=None)
+        require(gap is None, f"{path}: depth {d} has no row of rank {gap} (ranks of a depth must run 0..{max(ranks)}; "
+                             "give a rank never accepted probability 0)")
+        row = [0.0] * (max(ranks) + 1)
         for r, p in zip(rank[depth == d].tolist(), prob[depth == d].tolist()):
             row[r] = p
         require(sum(row) <= 1.0 + 1e-9, f"{path}: the probabilities of depth {d} sum to {sum(row):g}, more than 1")
@@ -567,7 +600,7 @@ def read_acceptance_trace(path: str) -> AcceptanceTrace:
     require(proposed.sum() > 0, f"{path}: proposed is 0 on every row, nothing to learn acceptance from")
     index: dict[str, int] = {}  # request ids numbered in order of first appearance
     codes = np.array([index.setdefault(i, len(index)) for i in ids], dtype=np.int64)
-    return AcceptanceTrace(path=path, request_index=codes, proposed=proposed, accepted=accepted)
+    return AcceptanceTrace(path=path, request_index=codes, proposed=proposed, accepted=accepted, names=tuple(index))
 
 
 def fit_acceptance(trace: AcceptanceTrace) -> dict[str, Any]:

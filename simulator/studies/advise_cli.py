@@ -142,7 +142,7 @@ def command(args: Any, config_from_args: Callable[..., SimConfig]) -> int:
     args.concurrency = _list("--max-concurrency", args.max_concurrency, int)
     args.acceptance_traces = _list("--acceptance-trace", args.acceptance_trace, str)
     args.profile = args.max_concurrency = args.acceptance_trace = None
-    out, lock = prepare_out_dir(args.out)
+    out, lock = prepare_out_dir(args.out, "advise")
     with lock:
         if args.vllm_results:
             if profiles:

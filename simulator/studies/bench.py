@@ -179,21 +179,75 @@ def cost_call_speeds(calls: int) -> list[str]:
     return lines
 
 
+def check_cases(sizes: list[int], policies: list[str], profile: Path, fleet: int, fleet_requests: int,
+                fleet_rate: float) -> None:
+    """Every case the flags ask for is a valid config, each variant and policy known: a bad flag stops the bench
+    with one line before any process starts (a child's traceback would say less)."""
+    from policies.errors import UserError
+    from policies.registry import make_policy
+    from simulator.config import SimConfig
+
+    if not profile.is_file():
+        raise UserError(f"--profile {profile}: file not found")
+    for policy in policies:
+        name, *variants = policy.split("+")
+        for variant in variants:
+            if "=" not in variant and variant not in VARIANTS:
+                raise UserError(f"--policies {policy}: unknown variant +{variant} (one of {', '.join(VARIANTS)}, or "
+                                "+NAME=VALUE)")
+        cases = [_fleet_case(fleet_requests, policy, fleet, fleet_rate, profile)] if fleet else \
+            [_case_config(size, policy, profile) for size in sizes]
+        for case in cases:
+            try:
+                spec = SimConfig.from_dict(case).speculative
+                make_policy(spec.policy, spec.k, dict(spec.policy_params))
+            except UserError as exc:
+                raise UserError(f"--policies {policy}: {exc}") from None
+
+
+def _whole(flag: str, text: str, minimum: int) -> int:
+    from policies.errors import UserError
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise UserError(f"{flag}: a whole number >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise UserError(f"{flag}: a whole number >= {minimum}, got {value}")
+    return value
+
+
+def _items(flag: str, text: str) -> list[str]:
+    """A comma list's items: at least one, none empty (``a,,b`` or a trailing comma is refused)."""
+    from policies.errors import UserError
+
+    items = [item.strip() for item in text.split(",")]
+    if not all(items):
+        raise UserError(f"{flag}: an empty item in {text!r}")
+    return items
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(allow_abbrev=False, prog="run_sim.py bench", description=__doc__)
-    parser.add_argument("--sizes", default="10000,100000", help="request counts, comma-separated")
+    from policies.errors import FlagParser, UserError
+    from simulator.studies.specs import parse_rates
+
+    parser = FlagParser(prog="run_sim.py bench", description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="10000,100000",
+                        help="request counts, comma-separated, each >= 1 (\"\": none, the per-call table alone)")
     parser.add_argument("--policies", default="no-spec,fixed-k", help="policies, comma-separated")
-    parser.add_argument("--calls", type=int, default=20_000,
+    parser.add_argument("--calls", default="20000",
                         help="calls per cost-model method in the per-call table (0: no table)")
     parser.add_argument("--profile", type=Path, default=BENCH_PROFILE,
                         help="cost profile of every case (default: the shipped analytical A100 7B profile)")
-    parser.add_argument("--fleet", type=int, default=0, metavar="N",
-                        help="compare N replicas behind the least-outstanding router with one replica (0: no fleet)")
-    parser.add_argument("--fleet-requests", type=int, default=None,
-                        help="requests the fleet serves (one replica serves this / N); default 1,000,000, or all of "
-                             "--fleet-trace")
-    parser.add_argument("--fleet-rate", type=float, default=3.0,
-                        help="arrival rate per replica, requests/s (default 3)")
+    parser.add_argument("--fleet", default="0", metavar="N",
+                        help="compare N >= 1 replicas behind the least-outstanding router with one replica (0, the "
+                             "default: no fleet; the plain bench)")
+    parser.add_argument("--fleet-requests",
+                        help="requests the fleet serves, >= 1 (one replica serves this / N); default 1,000,000, or "
+                             "all of --fleet-trace")
+    parser.add_argument("--fleet-rate", default="3",
+                        help="arrival rate per replica, requests/s > 0 (default 3)")
     parser.add_argument("--fleet-trace", metavar="NAME|FILE",
                         help="replay this request trace (a name: " + ", ".join(FLEET_TRACES) + "; or a trace file) at "
                              "--fleet-rate per replica and compare the policies' fleets with the first's")
@@ -202,33 +256,42 @@ def main(argv: list[str]) -> int:
     if args.child:
         _child(args.child)
         return 0
+    fleet = _whole("--fleet", args.fleet, 0)
+    calls = _whole("--calls", args.calls, 0)
+    fleet_requests = None if args.fleet_requests is None else _whole("--fleet-requests", args.fleet_requests, 1)
+    fleet_rate = parse_rates("--fleet-rate", args.fleet_rate)
+    if len(fleet_rate) != 1:
+        raise UserError(f"--fleet-rate: one rate, got {args.fleet_rate!r}")
+    sizes = [_whole("--sizes", item, 1) for item in _items("--sizes", args.sizes)] if args.sizes.strip() else []
+    policies = _items("--policies", args.policies)
     if args.fleet_trace is not None:
         trace = FLEET_TRACES.get(args.fleet_trace, Path(args.fleet_trace))
         if not trace.is_file():
             raise UserError(f"--fleet-trace: {args.fleet_trace!r} is neither a trace name ({', '.join(FLEET_TRACES)}) "
                             "nor a file")
-        print(f"fleet: {max(args.fleet, 1)} replicas, least-outstanding, {trace.name} replayed at {args.fleet_rate:g} "
+        print(f"fleet: {max(fleet, 1)} replicas, least-outstanding, {trace.name} replayed at {fleet_rate[0]:g} "
               f"req/s per replica, {args.profile}")
-        print("\n".join(fleet_trace_table(max(args.fleet, 1), args.fleet_requests, args.fleet_rate,
-                                          args.policies.split(","), args.profile, trace)))
+        print("\n".join(fleet_trace_table(max(fleet, 1), fleet_requests, fleet_rate[0], policies, args.profile,
+                                          trace)))
         return 0
-    if args.fleet > 0:
-        print(f"fleet: {args.fleet} replicas, least-outstanding, Poisson {args.fleet_rate:g} req/s per replica, "
+    fleet_requests = 1_000_000 if fleet_requests is None else fleet_requests
+    check_cases(sizes, policies, args.profile, fleet, fleet_requests, fleet_rate[0])
+    if fleet > 0:
+        print(f"fleet: {fleet} replicas, least-outstanding, Poisson {fleet_rate[0]:g} req/s per replica, "
               f"Azure conv trace lengths, {args.profile}")
-        print("\n".join(fleet_table(args.fleet, args.fleet_requests or 1_000_000, args.fleet_rate,
-                                    args.policies.split(","), args.profile)))
+        print("\n".join(fleet_table(fleet, fleet_requests, fleet_rate[0], policies, args.profile)))
         return 0
     print(f"Poisson 4 req/s, Azure conv trace lengths, {args.profile}, k=4 for fixed-k")
     print(f"{'requests':>9} {'policy':>16} {'steps':>9} {'process s':>10} {'req/s':>9} {'sim-only req/s':>15} "
           f"{'peak MB':>8}")
-    for size in [int(s) for s in args.sizes.split(",") if s.strip()]:
-        for policy in args.policies.split(","):
+    for size in sizes:
+        for policy in policies:
             wall, fig = _run_child(_case_config(size, policy, args.profile))
             print(f"{size:>9} {policy:>16} {fig['steps']:>9} {wall:>10.2f} {size / wall:>9.0f} "
                   f"{size / fig['sim_wall']:>15.0f} {fig['peak_mb']:>8.0f}")
-    if args.calls > 0:
-        print(f"cost-model calls ({args.calls} each):")
-        print("\n".join(cost_call_speeds(args.calls)))
+    if calls > 0:
+        print(f"cost-model calls ({calls} each):")
+        print("\n".join(cost_call_speeds(calls)))
     return 0
 
 

@@ -13,11 +13,12 @@ import os
 import sys
 from dataclasses import MISSING
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-from policies.errors import EXIT_USER_ERROR, FlagParser, UserError
+from policies.errors import EXIT_USER_ERROR, FlagParser, UserError, one_line_warnings
 from policies.tree import tree_nodes
-from simulator.config import CONCERN_OF, CONCERNS, FIELDS, SimConfig, align_proposer, flags_of, flat_fields
+from simulator.config import (CONCERN_OF, CONCERNS, FIELDS, SimConfig, align_proposer, flag_value, flags_of,
+                              flat_fields)
 from simulator.studies.compare import read_result_csv as _read_result_csv, warn_saturated
 from simulator.studies.engine_flags import speculative_config_fields
 from simulator.studies.specs import (field_kind, parse_field_value, parse_goodput, parse_grid, parse_policy_list,
@@ -117,7 +118,77 @@ def _shown_default(name: str, value: Any) -> str:
 
 def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
     """Resolve the config: field defaults, then ``defaults``, then a ``--config`` file, then flags."""
+    data, _ = config_data(args, **defaults)
+    return SimConfig.from_dict(data, source=args.config or "flags")
+
+
+def calibrated_config(args: argparse.Namespace, runs: Callable[[SimConfig], Iterable[SimConfig]] | None = None,
+                      **defaults: Any) -> SimConfig:
+    """:func:`config_from_args`, with the vLLM settings a calibrated ``--profile`` was fitted with
+    (:func:`simulator.costs.profile_table.calibration_settings`; a mixed fleet's, when every profile of ``--replicas``
+    records the same) taken as defaults: field defaults, then ``defaults``,
+    then the profile's settings, then a ``--config`` file, then flags. What ``simulate``, ``sweep``, ``compare`` and
+    ``tune`` run: a profile fitted under ``--num-scheduler-steps 10`` prices vLLM's steps as they ran there, and the same
+    profile under other settings is another deployment (the public 640-prompt 8B run replayed on its calibrated profile
+    at the simulator's own defaults: mean TTFT +55% and median TPOT -29% against vLLM's; at its settings, +11% and
+    -6%).
+
+    It prints one line naming the settings it took, and one naming those a ``--config`` file or a flag overrode.
+    ``num_scheduler_steps`` > 1 is taken only where no run of the command speculates or chunks its prefills (vLLM 0.6
+    ran multi-step scheduling without either) or serves disaggregated (not modelled with it); ``runs(base)``: the
+    configs the command runs from ``base``, e.g. a sweep's cells; default ``base`` alone; otherwise a line says it was
+    left at 1."""
+    from policies.protocol import is_speculative
+    from simulator.costs.profile_table import calibration_settings
+
+    from simulator.fleet.fleet import resolve_profile
+
+    data, given = config_data(args, **defaults)
+    base = SimConfig.from_dict(data, source=args.config or "flags")
+    profiles = [resolve_profile(p) for p in base.fleet.replica_profiles] or [base.cost.profile]
+    records = [calibration_settings(p) for p in profiles]
+    if any(r != records[0] for r in records):
+        print("--replicas: its profiles were calibrated with different vLLM settings; none taken as defaults")
+        return base
+    recorded = records[0]
+    current = base.flat()
+    taken = {k: v for k, v in recorded.items() if k not in given and v != current[k]}
+    overridden = {k: current[k] for k, v in recorded.items() if k in given and v != current[k]}
+    steps = taken.pop("num_scheduler_steps", None)
+    base = base.replace(**taken) if taken else base
+    names = list(dict.fromkeys(Path(p).name for p in profiles))
+    name = f"profile{'s' if len(names) > 1 else ''} {', '.join(names)}"
+    if steps is not None:
+        cells = list(runs(base) if runs is not None else [base])
+        speculative = sorted({c.speculative.policy for c in cells if is_speculative(c.speculative.policy,
+                                                                                     c.speculative.k)})
+        why = f"speculates (--policy {', '.join(speculative)})" if speculative else \
+            "chunks its prefills (--scheduler chunked-prefill)" if any(
+                c.engine.scheduler == "chunked-prefill" for c in cells) else \
+            "serves prefill and decode apart (--prefill-replicas, --decode-replicas; not modelled with it)" if any(
+                c.fleet.disaggregated for c in cells) else None
+        if why is not None:
+            print(f"{name}: calibrated with --num-scheduler-steps {steps}, which vLLM 0.6 ran only without speculation "
+                  f"and chunked prefill; this run {why}, so it keeps --num-scheduler-steps "
+                  f"{base.engine.num_scheduler_steps}")
+        else:
+            base = base.replace(num_scheduler_steps=steps)
+            taken["num_scheduler_steps"] = steps
+    if taken:
+        print(f"{name}: vLLM settings of the calibration, taken as defaults (a flag overrides them): "
+              + ", ".join(flag_value(k, v) for k, v in taken.items()))
+    if overridden:
+        print(f"{name}: calibrated with " + ", ".join(flag_value(k, recorded[k]) for k in overridden) + "; "
+              + ", ".join(flag_value(k, v) for k, v in overridden.items())
+              + f" given override{'s it' if len(overridden) == 1 else ' them'}")
+    return base
+
+
+def config_data(args: argparse.Namespace, **defaults: Any) -> tuple[dict[str, Any], set[str]]:
+    """The config fields ``args`` give, by name (:func:`config_from_args`'s order, field defaults left out), and the
+    names a ``--config`` file or a flag set (what no other default may change)."""
     data: dict[str, Any] = dict(defaults)
+    given: set[str] = set()
     if getattr(args, "config", None):
         path = Path(args.config)
         try:
@@ -126,7 +197,9 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
             raise UserError(f"--config {args.config}: cannot read a JSON config ({exc})") from None
         if not isinstance(data, dict):
             raise UserError(f"--config {args.config}: not a JSON object")
-        data = {**defaults, **flat_fields(data, args.config)}  # by concern (or flat, as written before)
+        from_file = flat_fields(data, args.config)  # by concern (or flat, as written before)
+        data = {**defaults, **from_file}
+        given.update(from_file)
     flags: dict[str, Any] = {}
     for name in FIELDS:
         value = getattr(args, name, None)
@@ -138,11 +211,16 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
             value = parse_goodput(value)
         elif name == "replica_profiles" or (name == "replicas" and not value.strip().isdigit()):
             # --replicas A,B: a mixed fleet, one replica per profile (replicas follows from the list)
-            flags["replica_profiles"] = tuple(p.strip() for p in value.split(",") if p.strip())
+            entries = tuple(p.strip() for p in value.split(","))
+            if not all(entries):
+                raise UserError(f"{flags_of(name)[0]} {value}: an empty entry (a profile between two commas, or after "
+                                "the last); give one profile per replica")
+            flags["replica_profiles"] = entries
             continue
         elif not isinstance(value, bool):
             value = parse_field_value(name, value)
         flags[name] = value
+    given.update(flags)
     data.update(align_proposer(flags, data))  # --speculative-method alone sets the proposer over a file's
     if getattr(args, "speculative_config", None) is not None:  # vLLM's --speculative-config JSON (engine_flags)
         data.update(align_proposer(speculative_config_fields(args.speculative_config, data, flags), data))
@@ -157,7 +235,7 @@ def config_from_args(args: argparse.Namespace, **defaults: Any) -> SimConfig:
         nodes = tree_nodes(data.get("speculative_token_tree"), data.get("speculative_num_draft_tokens"))
         if nodes is not None:
             data["k"] = nodes
-    return SimConfig.from_dict(data, source=args.config or "flags")
+    return data, given | (data.keys() - defaults.keys())
 
 
 def _vllm_flags(args: argparse.Namespace, data: dict[str, Any]) -> None:
@@ -196,11 +274,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from simulator.fleet import run as run_config
     from simulator.results import prepare_out_dir, write_json
 
-    config = config_from_args(args)
+    config = calibrated_config(args)
     if args.save_timeline and not config.run.save_steps:
         config = config.replace(save_steps=True)  # the timeline draws the steps
     table_format(args.format)
-    _, lock = prepare_out_dir(args.out)  # before simulating: a bad folder is found now, not after a long run
+    _, lock = prepare_out_dir(args.out, "run")  # before simulating: a bad folder is found now, not after a long run
     with lock:
         result = run_config(config)
         write_result(result, args.out, args.format)
@@ -273,13 +351,15 @@ def warn_ignored(summary: dict[str, Any], config: SimConfig) -> None:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from simulator.studies import report
     from simulator.studies.specs import axis_column
-    from simulator.studies.sweep import print_table, sweep_and_plot
+    from simulator.studies.sweep import (SWEEP_METRIC, TABLE_METRICS, build_cells, payoff_lines, print_table,
+                                         sweep_and_plot)
 
     rates = parse_rates("--rates", args.rates)
-    base = config_from_args(args, rate=rates[0])
     seeds = parse_seeds("--seeds", args.seeds)
     policies = parse_policy_list("--policies", args.policies)
     grid = parse_grid(args.grid or [])
+    base = calibrated_config(args, lambda b: [c.config for c in build_cells(b, rates[:1], policies, seeds[:1], grid)],
+                             rate=rates[0])
     out = Path(args.out)
 
     def finish(summary: Any, figures: list[str]) -> None:  # under the folder's lock, after the tables and figures
@@ -294,6 +374,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         summary, figures = sweep_and_plot(base, policies, rates, seeds, grid, args.out, args.workers, args.cluster,
                                           args.cluster_flag, args.quiet, finish)
     print_table(summary, axes=list(grid))
+    payoffs = payoff_lines(summary, axes=list(grid))
+    if payoffs:
+        print(f"where each policy pays against no-spec, by {TABLE_METRICS[SWEEP_METRIC][0]}:")
+        print("\n".join(f"  {line}" for line in payoffs))
     warn_sweep(summary)
     print(f"summary: {out / 'summary.csv'}")
     for f in figures:
@@ -368,20 +452,21 @@ def _writable_dir(out: Path) -> Path:
 def cmd_tune(args: argparse.Namespace) -> int:
     from simulator.results import write_csv
     from simulator.studies import report, tune
-    from simulator.studies.sweep import sweep_and_plot
+    from simulator.studies.sweep import build_cells, sweep_and_plot
 
     slo = parse_slo(args.slo)
     if not args.policy:
         raise UserError("tune: --policy is required (e.g. --policy goodput)")
     rates = parse_rates("--rates", args.rates)
-    base = config_from_args(args, rate=rates[0])
+    space = tune.search_space(args.param, args.policy)
+    specs = tune.candidate_specs(args.policy, space)
+    seeds = parse_seeds("--seeds", args.seeds)
+    base = calibrated_config(args, lambda b: [c.config for c in build_cells(b, rates[:1], specs, seeds[:1])],
+                             rate=rates[0])
     if slo.goodput_slo:
         if base.run.goodput_slo and base.run.goodput_slo != slo.goodput_slo:
             raise UserError("tune: --slo's per-request bounds and --goodput differ; give the bounds once, in --slo")
         base = base.replace(goodput_slo=slo.goodput_slo)
-    space = tune.search_space(args.param, args.policy)
-    specs = tune.candidate_specs(args.policy, space)
-    seeds = parse_seeds("--seeds", args.seeds)
     out = Path(args.out)
     done: dict[str, Any] = {}
 
@@ -403,7 +488,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     with report.recorded_warnings() as printed:
         summary, _ = sweep_and_plot(base, specs, rates, seeds, {}, args.out, args.workers, args.cluster,
-                                    args.cluster_flag, args.quiet, finish)
+                                    args.cluster_flag, args.quiet, finish, kind="tune")
     print(f"SLO {slo}: {len(specs)} settings x {len(rates)} rates x {len(seeds)} seeds")
     print(done["table"].head(10).to_string(index=False))
     for line in done["verdict"]:
@@ -444,7 +529,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                             "give two run or sweep folders to put them side by side")
         if not args.out:
             raise UserError("compare RESULT.json: --out DIR is required (the replayed run is written there)")
-        base = config_from_args(args, arrival="trace", trace="-")
+        base = calibrated_config(args, arrival="trace", trace="-")
         return compare.replay(source, base, args.out)
     if len(args.inputs) != 2:
         raise UserError(f"compare: give one vLLM result JSON, or two runs/sweeps; got {len(args.inputs)} inputs")
@@ -471,7 +556,7 @@ def cmd_disagg(args: argparse.Namespace) -> int:
     # a disaggregated base, so that the link's and the routers' flags apply; each cell sets its own layout
     base = config_from_args(args, arrival="trace", trace=disagg.DEFAULT_TRACE, profile=disagg.DEFAULT_PROFILE,
                             num_requests=disagg.DEFAULT_REQUESTS, prefill_replicas=1, decode_replicas=1)
-    out, lock = prepare_out_dir(args.out)
+    out, lock = prepare_out_dir(args.out, "disagg")
     with lock:
         _, table, figures = disagg.run_disagg_study(base, args.gpus, splits, policies, rates, slo, out, args.workers,
                                                     args.cluster)
@@ -677,7 +762,9 @@ PASSTHROUGH: dict[str, Callable[[list[str]], int]] = {"bench": cmd_bench}
 
 def run_command(command: Callable[[], int]) -> int:
     """Run ``command`` as the command line does: a :class:`UserError` prints one line and gives exit status 2,
-    Ctrl-C gives 130, a reader of stdout that went away (``| head``) ends it quietly with 1."""
+    Ctrl-C gives 130, a reader of stdout that went away (``| head``) ends it quietly with 1; an
+    :class:`~policies.errors.InputWarning` prints as one line (:func:`~policies.errors.one_line_warnings`)."""
+    one_line_warnings()
     try:
         code = command()
         sys.stdout.flush()  # a broken pipe shows here, not in the interpreter's last flush

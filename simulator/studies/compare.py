@@ -61,7 +61,7 @@ def side_by_side(a: str, b: str, out: str | None) -> int:
 
     (ka, da), (kb, db) = _load(a), _load(b)
     names = _names(a, b)
-    out_dir = check_out_dir(Path(out), "compare") if out else None
+    out_dir = check_out_dir(Path(out), "compare", "compare") if out else None
     if out_dir:
         report.remove_report(out_dir)
     if ka == "sweep" and kb == "sweep":
@@ -196,7 +196,7 @@ def replay(source: Path, base: Any, out: str) -> int:
     from simulator.studies import report
 
     data = vllm_io.read_vllm_result(source, replay=True)
-    out_dir, lock = prepare_out_dir(out)
+    out_dir, lock = prepare_out_dir(out, "replay")
     with lock, report.recorded_warnings() as printed:
         report.remove_report(out_dir)
         trace = vllm_io.replay_trace(data, base.run.seed)

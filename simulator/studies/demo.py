@@ -30,6 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from simulator.config import SimConfig
+from simulator.studies.sweep import crossovers, payoff_words
+
+__all__ = ["DEMO_POLICIES", "DEMO_PROFILES", "crossovers", "demo_config", "envelope", "fraction_rates", "mean_table",
+           "plot_panels", "run_demo", "saturation_rate"]
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pandas as pd
@@ -73,30 +77,6 @@ def mean_table(summary: pd.DataFrame, column: str = "mean_latency") -> pd.DataFr
     return summary.groupby(["rate", "policy"])[column].mean().unstack("policy").sort_index()
 
 
-def crossovers(table: pd.DataFrame, saturation: float, baseline: str = "no-spec") -> dict[str, float]:
-    """For each other policy of ``table`` (:func:`mean_table`), the rate, as a fraction of ``saturation``, at
-    which its latency first rises above ``baseline``'s: linear in the latency ratio between the two swept rates
-    around it. NaN when it never does up to the highest rate; 0 when it is already above at the lowest."""
-    out = {}
-    rates = table.index.to_numpy(float)
-    for policy in table.columns:
-        if policy == baseline:
-            continue
-        ratio = (table[policy] / table[baseline]).to_numpy(float)
-        above = [i for i, r in enumerate(ratio) if r > 1.0]
-        if not above:
-            out[policy] = math.nan
-            continue
-        i = above[0]
-        if i == 0:
-            out[policy] = 0.0
-            continue
-        r0, r1 = ratio[i - 1], ratio[i]
-        rate = rates[i - 1] + (1.0 - r0) / (r1 - r0) * (rates[i] - rates[i - 1])
-        out[policy] = rate / saturation
-    return out
-
-
 def envelope(table: pd.DataFrame, static: list[str] = STATIC_POLICIES) -> pd.DataFrame:
     """Per rate: the best static policy, its latency, and each adaptive policy's latency over it."""
     import pandas as pd
@@ -108,6 +88,20 @@ def envelope(table: pd.DataFrame, static: list[str] = STATIC_POLICIES) -> pd.Dat
         if policy not in present:
             out[f"{policy} / best"] = table[policy] / best
     return out
+
+
+def crossover_finding(cross: dict[str, float]) -> str:
+    """The fixed k's :func:`crossovers` (fractions of saturation) in words: those slower than no-spec already at the
+    lightest load swept, those that become slower as load grows (from the earliest crossing), those never slower up to
+    the heaviest; "every fixed k" where one phrase holds them all."""
+    groups = {"at once": [p for p, v in cross.items() if v == 0], "later": [p for p, v in cross.items() if v > 0],
+              "never": [p for p, v in cross.items() if math.isnan(v)]}
+    said = {"at once": "slower than no-spec already at the lightest load swept",
+            "later": "slower than no-spec as load grows (from "
+                     f"{min((cross[p] for p in groups['later']), default=0):.2f}x no-spec's saturation)",
+            "never": f"never slower than no-spec up to {DEMO_FRACTIONS[-1]:g}x no-spec's saturation"}
+    return "; ".join(f"{'every fixed k' if len(names) == len(cross) else ', '.join(names)} {said[key]}"
+                     for key, names in groups.items() if names)
 
 
 #: The demo's figure title: true of its panels (one engine each, acceptance 0.7); other panels want their own.
@@ -162,8 +156,10 @@ def plot_panels(panels: list[tuple[str, str, float, pd.DataFrame]], path: str | 
 
 def run_demo(out: str, workers: int, quiet: bool) -> int:
     from simulator.costs.cost_model import load_cost_model
+    from simulator.results import check_out_dir
     from simulator.studies.sweep import sweep_and_plot
 
+    check_out_dir(out, kind="demo")  # its panels are sweeps in folders of their own
     panels, findings = [], []
     print(f"specsim demo: where speculation stops paying (SmartSpec, arXiv 2406.14066), {len(DEMO_POLICIES)} policies "
           f"x {len(DEMO_FRACTIONS)} rates x {len(DEMO_PROFILES)} engines, "
@@ -182,9 +178,11 @@ def run_demo(out: str, workers: int, quiet: bool) -> int:
         print("mean latency (s); rows: request rate (req/s)")
         print(table[DEMO_POLICIES].to_string(float_format=lambda v: f"{v:9.3f}"))
         cross = crossovers(table[STATIC_POLICIES], saturation)
-        print("fixed k slower than no-spec from (fraction of no-spec saturation): " + ", ".join(
-            f"{p}: {'never up to ' + format(DEMO_FRACTIONS[-1], 'g') if math.isnan(v) else format(v, '.2f')}"
-            for p, v in cross.items()))
+        print("where each fixed k pays against no-spec (mean latency; rates as fractions of no-spec's saturation):")
+        fractions = table.index.to_numpy(float) / saturation
+        for policy in STATIC_POLICIES[1:]:
+            ratio = (table[policy] / table["no-spec"]).to_numpy(float)
+            print(f"  {policy}: {payoff_words(fractions, ratio, lambda f: f'{f:.2g}x saturation')}")
         env = envelope(table[DEMO_POLICIES])
         light = table["no-spec"].iloc[0] / env["best_latency"].iloc[0]
         print(f"light load: the best static choice ({env['best_static'].iloc[0]}) is {light:.2f}x faster than no-spec; "
@@ -193,14 +191,9 @@ def run_demo(out: str, workers: int, quiet: bool) -> int:
         print(f"goodput / best static: {ratio.min():.3f} to {ratio.max():.3f} across the rates")
         title = name if name.startswith("vLLM") else f"{name} verification"
         panels.append((title, label.replace(" (", "\n("), saturation, table[DEMO_POLICIES]))
-        crossed = {p: v for p, v in cross.items() if not math.isnan(v)}
-        findings.append(f"- {name} ({cost.method}): " + (
-            "every fixed k" if len(crossed) == len(cross) else ", ".join(crossed) if crossed else "no fixed k")
-            + (" is slower than no-spec already at the lightest load swept" if crossed and not max(crossed.values())
-               else f" becomes slower than no-spec as load grows (from {min(crossed.values()):.2f}x no-spec's saturation)"
-               if crossed else f" becomes slower than no-spec up to {DEMO_FRACTIONS[-1]:g}x no-spec's saturation")
-            + f"; goodput within {100 * (ratio.max() - 1):.1f}% of the best static choice at every rate"
-            + (" (or better)" if ratio.min() < 1 else ""))
+        findings.append(f"- {name} ({cost.method}): " + crossover_finding(cross)
+                        + f"; goodput within {100 * (ratio.max() - 1):.1f}% of the best static choice at every rate"
+                        + (" (or better)" if ratio.min() < 1 else ""))
         for f in figures:
             print(f"figure: {f}")
     print(f"\nfigure: {plot_panels(panels, Path(out) / 'crossover.png')}")

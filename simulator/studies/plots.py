@@ -263,7 +263,7 @@ def plot_latency_vs_rate(summary: pd.DataFrame, path: str | Path, grid: list[str
         finish_axis(ax, "request rate (req/s)", f"{col.split('_')[0]} normalised latency (ms/token)", log_y=True)
     axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     spread = f"; band: min to max over {seeds} seeds" if seeds > 1 else "; one seed (no spread shown)"
-    fig.suptitle("Latency versus request rate" + _title(summary) + spread)
+    fig.suptitle("Normalised latency (per output token) versus request rate" + _title(summary) + spread)
     return save_figure(fig, path)
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from simulator.results import atomic_write
-from simulator.studies.sweep import (cell_messages, cell_warnings, code_version, describe_cells,
+from simulator.studies.sweep import (cell_messages, cell_warnings, code_version, describe_cells, payoff_lines,
                                      recorded_warnings)
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -290,10 +290,11 @@ KEY_FIGURES = ("mean_latency", "p99_latency", "median_ttft_ms", "median_tpot_ms"
 
 
 def sweep_sections(summary: pd.DataFrame, axes: list[str], figures: list[str | Path]) -> list[tuple[str, Any]]:
-    """A sweep's sections: mean latency with rates (and grid axes) down and policies across, the key figures per
-    rate x policy (seeds averaged; how many seeds saturated or ignored requests), and every figure."""
+    """A sweep's sections: the metric the sweep prints and plots first (mean normalised latency, ms per output token)
+    with rates (and grid axes) down and policies across, the key figures per rate x policy (seeds averaged; how many
+    seeds saturated or ignored requests), and every figure."""
     keys = ["rate", *axes, "policy"]
-    pivot = summary.groupby(keys, sort=False, dropna=False)["mean_latency"].mean().unstack("policy")
+    pivot = summary.groupby(keys, sort=False, dropna=False)["mean_norm_latency"].mean().unstack("policy") * 1e3
     figures_present = [c for c in KEY_FIGURES if c in summary]
     grouped = summary.groupby(keys, sort=False, dropna=False)
     table = grouped[figures_present].mean()
@@ -302,6 +303,9 @@ def sweep_sections(summary: pd.DataFrame, axes: list[str], figures: list[str | P
         table["saturated_seeds"] = grouped["saturated"].apply(lambda s: int(s.astype(bool).sum()))
     if "ignored_requests" in summary:
         table["ignored_requests"] = grouped["ignored_requests"].sum()
-    return [("Mean latency (s), seeds averaged", pivot),
+    payoffs = payoff_lines(summary, axes=axes)
+    return [("Mean normalised latency (ms per output token), seeds averaged", pivot),
+            *([("Where each policy pays against no-spec, by mean normalised latency", "\n".join(payoffs))]
+              if payoffs else []),
             ("Key figures per rate and policy (seeds averaged; every figure of every run is in summary.csv)", table),
             ("Figures", [Path(f) for f in figures])]

@@ -93,7 +93,15 @@ def parse_floats(flag: str, text: str) -> list[float]:
 
 
 def parse_rates(flag: str, text: str) -> list[float]:
-    """Request rates: finite numbers > 0, no repeats."""
+    """Request rates: finite numbers > 0, no repeats. ``inf`` (``simulate --request-rate inf``, vLLM's: every request
+    at t = 0) is refused with what to run instead: it is one run's setting, not a point on a rate axis (a sweep's figures
+    plot latency against the rate); its concurrency is what varies (``--max-concurrency``)."""
+    for item in (text or "").split(","):
+        if item.strip().lower() in ("inf", "+inf", "infinity"):
+            raise UserError(f"{flag}: inf is not a point of a rate axis: for vLLM's --request-rate inf (every request "
+                            "at t = 0, a closed loop with --max-concurrency N) run simulate --request-rate inf "
+                            "--max-concurrency N, or sweep the concurrency at one finite rate (--grid "
+                            "max_concurrency=N1,N2)")
     rates = parse_floats(flag, text)
     for rate in rates:
         if rate <= 0:

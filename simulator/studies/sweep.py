@@ -33,11 +33,12 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import pandas as pd
 
@@ -47,7 +48,8 @@ from simulator.results import write_csv, write_json
 from simulator.studies.executors import Executor, make_executor
 from simulator.studies.specs import axis_column, parse_policy_spec, summary_names  # noqa: F401
 
-__all__ = ["Cell", "build_cells", "print_table", "progress_bar", "run_cell", "run_sweep", "sweep_and_plot"]
+__all__ = ["Cell", "build_cells", "crossings", "crossovers", "payoff_lines", "payoff_words", "print_table", "progress_bar",
+           "run_cell", "run_sweep", "sweep_and_plot"]
 
 
 #: Config fields naming input files, and the flag of each (for messages).
@@ -284,11 +286,13 @@ def progress_bar(quiet: bool) -> Callable[[int, int], None] | None:
 def sweep_and_plot(base: SimConfig, policies: list[str], rates: list[float], seeds: list[int],
                    grid: dict[str, list[Any]], out_dir: str | Path, workers: int, cluster: str | None = None,
                    cluster_flag: str = "--cluster", quiet: bool = False,
-                   finish: Callable[[pd.DataFrame, list[str]], None] | None = None) -> tuple[pd.DataFrame, list[str]]:
+                   finish: Callable[[pd.DataFrame, list[str]], None] | None = None,
+                   kind: str = "sweep") -> tuple[pd.DataFrame, list[str]]:
     """Run the sweep grid into ``out_dir`` (on ``workers`` local processes, or the Dask scheduler at ``cluster``,
     which ``cluster_flag`` named) and draw its figures; return (summary, figure paths). ``finish(summary,
     figures)`` runs last, the folder still locked (the command's own tables and its ``report.html``); an older
-    ``report.html`` is removed first, so a killed sweep leaves none."""
+    ``report.html`` is removed first, so a killed sweep leaves none. ``kind``: the result the folder holds
+    (:data:`simulator.results.RESULT_KINDS`: a ``sweep``, or a ``tune`` with its own tables)."""
     from simulator.results import prepare_out_dir
 
     for rate in rates:
@@ -298,7 +302,7 @@ def sweep_and_plot(base: SimConfig, policies: list[str], rates: list[float], see
         raise UserError("--policies: no policy given")
     cells = build_cells(base, rates, policies, seeds, grid)
     check_policies(cells)
-    out, lock = prepare_out_dir(out_dir)
+    out, lock = prepare_out_dir(out_dir, kind)
     with lock:
         (out / "report.html").unlink(missing_ok=True)  # an older run's (simulator.studies.report.remove_report)
         with make_executor(workers, cluster, cluster_flag) as executor:
@@ -358,13 +362,94 @@ def _figures(base: SimConfig, policies: list[str], rates: list[float], seeds: li
     return figures
 
 
-def print_table(summary: pd.DataFrame, column: str = "mean_latency", axes: list[str] | None = None) -> None:
-    """Rates (and every grid axis) down, policies across: ``column`` averaged over seeds only. ``axes``: the grid
-    fields; None: found in the summary's columns (:func:`plots.grid_axes`)."""
+#: The metrics a sweep's table may show: summary column -> (what it is, its unit, the factor from the column's).
+TABLE_METRICS = {"mean_latency": ("mean latency", "s", 1.0),
+                 "mean_norm_latency": ("mean normalised latency", "ms per output token", 1e3)}
+#: What a sweep prints and where each policy stops paying is read from: the metric of its figure's first panel
+#: (:func:`simulator.studies.plots.plot_latency_vs_rate`).
+SWEEP_METRIC = "mean_norm_latency"
+
+
+def print_table(summary: pd.DataFrame, column: str = SWEEP_METRIC, axes: list[str] | None = None) -> None:
+    """Rates (and every grid axis) down, policies across: ``column`` (:data:`TABLE_METRICS`) averaged over seeds only,
+    in its unit. ``axes``: the grid fields; None: found in the summary's columns (:func:`plots.grid_axes`)."""
     from simulator.studies.plots import grid_axes
 
     axes = grid_axes(summary) if axes is None else [axis_column(a) for a in axes]
+    what, unit, scale = TABLE_METRICS[column]
     table = summary.groupby(["rate", *axes, "policy"], sort=False, dropna=False)[column].mean().unstack("policy")
     rows = ", ".join(["request rate (req/s)", *axes])
-    print(f"{column} (s), seeds averaged; rows: {rows}")
-    print(table.to_string(float_format=lambda v: f"{v:9.3f}"))
+    print(f"{what} ({unit}), seeds averaged; rows: {rows}")
+    print((table * scale).to_string(float_format=lambda v: f"{v:9.3f}"))
+
+
+# -- where speculation stops paying ------------------------------------------------------------------------------
+def crossings(rates: Sequence[float], ratio: Sequence[float]) -> list[tuple[float, bool]]:
+    """Where a policy's latency over the baseline's, ``ratio`` at each of ``rates`` (ascending), crosses 1: each
+    crossing's rate, linear in the ratio between the two swept rates around it, and whether the policy pays from there
+    on (True: from slower, ratio > 1, to no slower)."""
+    out = []
+    for i in range(1, len(rates)):
+        r0, r1 = ratio[i - 1], ratio[i]
+        if (r0 > 1.0) != (r1 > 1.0):
+            out.append((rates[i - 1] + (1.0 - r0) / (r1 - r0) * (rates[i] - rates[i - 1]), r0 > 1.0))
+    return out
+
+
+def crossovers(table: pd.DataFrame, saturation: float = 1.0, baseline: str = "no-spec") -> dict[str, float]:
+    """For each other policy of ``table`` (rates down, policies across: :func:`simulator.studies.demo.mean_table`),
+    the rate, over ``saturation`` (1: in req/s), at which its latency first rises above ``baseline``'s
+    (:func:`crossings`). NaN when it never does up to the highest rate; 0 when it is already above at the lowest."""
+    out = {}
+    rates = table.index.to_numpy(float)
+    for policy in table.columns:
+        if policy == baseline:
+            continue
+        ratio = (table[policy] / table[baseline]).to_numpy(float)
+        rises = [rate for rate, pays in crossings(rates, ratio) if not pays]
+        out[policy] = 0.0 if ratio[0] > 1.0 else rises[0] / saturation if rises else math.nan
+    return out
+
+
+def payoff_words(rates: Sequence[float], ratio: Sequence[float], show: Callable[[float], str],
+                 baseline: str = "no-spec") -> str:
+    """Where a policy pays against ``baseline`` over the swept ``rates``, in words (``ratio``: its latency over the
+    baseline's at each rate; ``show`` writes a rate): "pays at every rate swept, up to R", "pays at no rate swept:
+    slower than no-spec already at R, the lightest load swept", or the stretches between its :func:`crossings` ("pays
+    up to about R, slower than no-spec from there")."""
+    slower = f"slower than {baseline}"
+    cross = crossings(rates, ratio)
+    pays = not ratio[0] > 1.0
+    if not cross:
+        return (f"pays at every rate swept, up to {show(rates[-1])}" if pays else
+                f"pays at no rate swept: {slower} already at {show(rates[0])}, the lightest load swept")
+    verb = {True: "pays", False: slower}
+    parts = [f"{verb[pays]} up to about {show(cross[0][0])}"]
+    for (start, state), (end, _) in zip(cross, cross[1:]):
+        parts.append(f"{verb[state]} from about {show(start)} to about {show(end)}")
+    parts.append(f"{verb[cross[-1][1]]} from there" if len(cross) == 1 else
+                 f"{verb[cross[-1][1]]} from about {show(cross[-1][0])}")
+    return ", ".join(parts)
+
+
+def payoff_lines(summary: pd.DataFrame, column: str = SWEEP_METRIC, axes: list[str] | None = None,
+                 baseline: str = "no-spec") -> list[str]:
+    """Where each policy of a sweep stops paying against ``baseline`` (:func:`payoff_words`, on ``column`` averaged
+    over seeds), one line per policy and combination of the grid ``axes``; none without the baseline."""
+    from simulator.studies.plots import grid_axes
+
+    axes = grid_axes(summary) if axes is None else [axis_column(a) for a in axes]
+    lines = []
+    groups = summary.groupby(axes, sort=False, dropna=False) if axes else [((), summary)]
+    for values, part in groups:
+        table = part.groupby(["rate", "policy"])[column].mean().unstack("policy").sort_index()
+        if baseline not in table.columns:
+            continue
+        where = " ".join(f"{a}={v}" for a, v in zip(axes, values if isinstance(values, tuple) else (values,)))
+        for policy in (p for p in table.columns if p != baseline):
+            ratio = (table[policy] / table[baseline]).dropna()
+            if len(ratio):
+                words = payoff_words(ratio.index.to_numpy(float), ratio.to_numpy(float), lambda r: f"{r:.3g} req/s",
+                                     baseline)
+                lines.append(f"{policy}{' at ' + where if where else ''}: {words}")
+    return lines

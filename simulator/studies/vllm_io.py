@@ -21,7 +21,9 @@ The files read (:func:`read_vllm_result`) are those of every vLLM version seen i
   requests only (as many entries as ``completed``) beside a ``failed`` count. Failed requests are left out of the
   replay and of the figures, and counted (``failed``);
 - completed requests whose stream carried no text: ``output_lens`` 0 and ``ttfts`` 0.0; vLLM counts them as completed
-  and its TTFT statistics include those zeros (:func:`replay_trace`, :func:`vllm_style_figures`);
+  and its TTFT statistics include those zeros (:func:`replay_trace`, :func:`vllm_style_figures`). A file in which no
+  successful request streamed a token is refused: it measured no TTFT, TPOT or ITL, and figures made from it would
+  be made from nothing;
 - summary-only files (``vllm bench serve --save-result`` without ``--save-detailed`` drops the per-request lists):
   their figures can be compared, their workload not replayed;
 - ``request_rate`` as the string ``"inf"``, a number or ``Infinity``; ``burstiness`` (absent before vLLM 0.6.4:
@@ -31,6 +33,11 @@ The files read (:func:`read_vllm_result`) are those of every vLLM version seen i
   ``spec_decode_per_position_acceptance_rates``);
 - old names: ``<stat>_latency_ms`` for ``<stat>_e2el_ms`` (files of vLLM 0.6 such as LambdaLabsML/vllm-benchmark's),
   ``request_goodput:`` (vLLM 0.8's misspelt key) for ``request_goodput``.
+
+Every number of the file is finite but ``request_rate`` and ``burstiness`` (whose ``inf`` means something): a NaN or
+infinite figure is refused naming its key (vLLM computes a statistic of no values as ``np.mean(x or 0)``, so it writes
+0 there, never NaN: a NaN is a damaged file or another tool's, and a figure read as missing would be replaced by one
+computed from nothing).
 """
 from __future__ import annotations
 
@@ -138,7 +145,8 @@ def read_vllm_result(path: str | Path, *, replay: bool = False) -> dict[str, Any
     """A ``vllm bench serve --save-result`` (or ``benchmark_serving.py --save-result``) JSON file, checked, every shape
     of the module docstring. Returned as read, with old key names renamed and these normalised: ``request_rate`` and
     ``burstiness`` floats (``inf`` allowed), ``max_concurrency`` an int or None, ``failed`` the number of failed
-    requests (0 when the file says nothing of failures), figures a file wrote as NaN as None.
+    requests (0 when the file says nothing of failures). A NaN or infinite figure, or a file in which no successful
+    request streamed a token, is refused (module docstring).
 
     ``replay``: the workload must be replayable (:func:`replay_trace`): per-request ``input_lens`` and ``output_lens``
     present, at least one successful request, no ramp-up without recorded ``start_times``.
@@ -149,8 +157,10 @@ def read_vllm_result(path: str | Path, *, replay: bool = False) -> dict[str, Any
         if old in data and new not in data:
             data[new] = data.pop(old)
     _check_traffic(path, data)
+    _check_finite(path, data)
     _check_figures(path, data)
     _check_per_request(path, data)
+    _check_streamed(path, data)
     if replay:
         _check_replayable(str(path), data)
     return data
@@ -203,15 +213,28 @@ def _check_traffic(path: Path, data: dict[str, Any]) -> None:
     data["request_rate"], data["burstiness"], data["max_concurrency"] = float(rate), float(burstiness), concurrency
 
 
+#: Top-level numbers whose ``inf`` means something (:func:`_check_traffic` reads them).
+INFINITE_ALLOWED = ("request_rate", "burstiness")
+
+
+def _check_finite(path: Path, data: dict[str, Any]) -> None:
+    """Every top-level number but :data:`INFINITE_ALLOWED` is finite (module docstring)."""
+    for key, value in data.items():
+        if key in INFINITE_ALLOWED or not _is_number(value) or math.isfinite(value):
+            continue
+        if math.isnan(value):
+            raise UserError(f"{path}: {key}: NaN, a figure of no values (vllm bench serve writes 0 for a statistic "
+                            "over no requests): a damaged file or another tool's; nothing to compare")
+        raise UserError(f"{path}: {key}: {value!r}, not a finite figure")
+
+
 def _check_figures(path: Path, data: dict[str, Any]) -> None:
-    """The figures this module compares: numbers >= 0 or null (NaN, which old versions wrote for a statistic of no
-    values, reads as null); the speculative-decoding ones as :data:`SPEC_DECODE_FIGURES` says."""
+    """The figures this module compares: finite numbers >= 0 or null; the speculative-decoding ones as
+    :data:`SPEC_DECODE_FIGURES` says."""
     ms = [key for key in data if re.fullmatch(r"(mean|median|std|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms", key)]
     for key in [*ms, *RATE_FIGURES]:
         value = data.get(key)
-        if _is_number(value) and math.isnan(value):
-            data[key] = None
-        elif value is not None and not (_is_number(value) and 0 <= value < math.inf):
+        if value is not None and not (_is_number(value) and 0 <= value < math.inf):
             raise UserError(f"{path}: {key}: a finite number >= 0 or null, got {value!r}")
     for key, what in SPEC_DECODE_FIGURES.items():
         if key not in data:
@@ -267,6 +290,21 @@ def _check_per_request(path: Path, data: dict[str, Any]) -> None:
             if not _per_request_entry_ok(key, value):
                 raise UserError(f"{path}: {key}[{i}]: must be {PER_REQUEST_KEYS[key]}, got {value!r}")
     data["failed"] = sum(1 for e in data["errors"] if e) if "errors" in present else data.get("failed", 0)
+
+
+def _check_streamed(path: Path, data: dict[str, Any]) -> None:
+    """Some successful request streamed a token: per request (``output_lens`` of the successful requests), else by
+    the file's ``total_output_tokens`` beside ``completed`` requests (module docstring)."""
+    lens = data.get("output_lens")
+    if lens:
+        ok = succeeded(data, len(lens))
+        served = [n for n, keep in zip(lens, ok if ok is not None else [True] * len(lens)) if keep]
+        if served and not any(served):
+            raise UserError(f"{path}: output_lens: none of the {len(served)} successful requests streamed a token "
+                            "(every output_lens is 0): the run measured no TTFT, TPOT or ITL to compare")
+    elif data.get("total_output_tokens") == 0 and data.get("completed"):
+        raise UserError(f"{path}: total_output_tokens: 0 over {data['completed']} completed requests: none streamed a "
+                        "token, and the run measured no TTFT, TPOT or ITL to compare")
 
 
 def _check_replayable(where: str, data: Mapping[str, Any]) -> None:
