@@ -766,10 +766,13 @@ class Request:
 
 
 def drafters_of(request: Request, target: Identity, found: list[Identity]) -> list[Drafter]:
-    """One drafter per profile found, and n-gram lookup on the first; ``--methods`` keeps those it names."""
+    """One drafter per profile found, and n-gram lookup on the first where none prices it (a profile without a
+    drafter); ``--methods`` keeps those it names."""
     from simulator.studies import advise_inputs
 
-    pairs = [(i.method, i.path, i.draft) for i in found] + [("ngram", request.profiles[0], None)]
+    pairs = [(i.method, i.path, i.draft) for i in found]
+    if not any(m == "ngram" for m, _, _ in pairs):
+        pairs.append(("ngram", request.profiles[0], None))
     if request.methods is not None:
         unknown = set(request.methods) - {m for m, _, _ in pairs}
         if unknown:
