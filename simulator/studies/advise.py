@@ -17,15 +17,27 @@ adaptive tiers 1/3/7 and SmartSpec's goodput policy (in no engine: ranked, never
 
 **The generated table** (:func:`batch_table`): for each concurrency B of :data:`TABLE_BATCHES` (at most
 ``max_num_seqs``) and each k of 0..7, a closed loop of B requests in flight (``vllm bench serve --request-rate inf
---max-concurrency B``, 3B requests, at least 48) gives the output tokens/s; at every batch size b up to
-``max_num_seqs`` each k's tokens/s is interpolated linearly in log b between the concurrencies run, and b's k is the
-smallest within :data:`TABLE_TOLERANCE` of the most (a larger k must buy more than these short runs' noise); runs of
-equal k make the ranges of ``num_speculative_tokens_per_batch_size`` (:func:`table_entries`), with
-``num_speculative_tokens`` its largest k. In a closed loop the running batch is about B, which is what vLLM's
-scheduler looks the table up by. It then runs against every fixed k (and none) over a **diurnal ramp**
-(:func:`ramp_check`: the workload's requests with arrivals time-changed so that the rate follows one day's sinusoid
-compressed into the run, :func:`simulator.inputs.workload.diurnal`, from 0.1 to 0.9 of no speculation's throughput at
-full load, :func:`full_load`), and the verdict says whether it beat every fixed k on mean latency, or not.
+--max-concurrency B``, 3B requests, at least 48), at :data:`TABLE_SEEDS` seeds (the same for every k, so that the k
+compare seed by seed), gives the output tokens/s in steady state (:func:`steady_throughput`: from the first request's
+finish to the last one's sending, without the filling and the draining of the loop). k = 0 is the drafter configured
+and never proposing, as in a table's k = 0 range (its prefill and memory still paid). Where the workload's lengths are
+fixed, the closed loops draw them lognormal with sigma :data:`TABLE_LENGTH_SIGMA` around the same means
+(:func:`table_base`): B requests of one length started together finish together and the loop runs in synchronized
+waves of prefills and decodes, a batch no open loop of the same traffic holds. At each B, each k's deficit against the
+k with the most tokens/s is taken seed by seed; a k is as good as the best where its mean deficit is within
+:data:`TABLE_Z` standard errors of those paired deficits (and at least :data:`TABLE_TOLERANCE`): these short runs'
+acceptance draws move a k's tokens/s by about as much as a neighbouring k differs. The k by concurrency then loses
+least beyond the noise, with the fewest changes of k, then the least deficit (:func:`fewest_changes`), each change
+placed at the first batch size where the new k's tokens/s, interpolated linearly in log b between the concurrencies
+run, is at least the old k's (:func:`table_entries`); runs of equal k make the ranges of
+``num_speculative_tokens_per_batch_size``, with ``num_speculative_tokens`` its largest k, and a table of one k is that
+fixed k. In a closed loop the running batch is about B, which is what vLLM's scheduler looks the table up by. It then
+runs against every fixed k (and none) over a **diurnal ramp** (:func:`ramp_check`: the workload's requests with
+arrivals time-changed so that the rate follows one day's sinusoid compressed into the run,
+:func:`simulator.inputs.workload.diurnal`, from 0.1 to 0.9 of no speculation's throughput at full load,
+:func:`full_load`), every candidate on the same arrivals at the same :data:`RAMP_SEEDS` seeds, and the verdict says
+whether its mean latency over the seeds beat every fixed k, tied (a table of one k), or not. The table is derived from
+the closed loops alone; the ramp only judges it.
 
 **Search** (:func:`search`): successive halving (Jamieson and Talwalkar, AISTATS 2016; Li et al., Hyperband, JMLR
 2018) over the candidates: every candidate at every load on a short workload (1/8 of ``--num-requests``, at least 40),
@@ -448,44 +460,40 @@ def batch_table(study: Study, drafter: Drafter, ks: Iterable[int] = TABLE_KS,
 def table_entries(runs: pd.DataFrame, max_batch: int) -> tuple[pd.DataFrame, list[tuple[int, int]]]:
     """vLLM's table from closed-loop runs (``batch``, ``k``, ``seed``, ``steady_throughput``; every k run with the
     same seeds), by the rule of the module docstring: at each concurrency, each k's deficit against the best k (the
-    highest mean), seed by seed, and whether its mean is within the noise (:data:`TABLE_Z` standard errors, at least
-    :data:`TABLE_TOLERANCE`); the k by concurrency that loses least beyond the noise, with the fewest changes of k,
-    then the least deficit (:func:`fewest_changes`); each change at the first batch size where the
-    new k's tokens/s, interpolated linearly in log b between the concurrencies run, is at least the old k's (else at
-    the concurrency where it was chosen). Returns one row per concurrency and k (``steady_throughput`` the mean over
-    the seeds, ``deficit`` and ``noise`` as shares, ``as_good``, ``best``: the k chosen there) and the entries
-    (start, k), equal k merged."""
+    highest mean), seed by seed, and its noise (:data:`TABLE_Z` standard errors of those paired deficits, at least
+    :data:`TABLE_TOLERANCE`); at every batch size b from 1 to the largest concurrency run, each k's mean tokens/s and
+    noise interpolated linearly in log b between the concurrencies run, its deficit against the best there and its
+    excess (the deficit beyond the noise); the k of each b that, over all of them, loses least beyond the noise, with
+    the fewest changes of k, then the least deficit (:func:`fewest_changes`). Between two concurrencies where two k
+    are each as good as the best, a third that is better than both in between (their curves crossing below it) takes
+    the range between. Returns one row per concurrency run and k (``steady_throughput`` the mean over the seeds,
+    ``deficit`` and ``noise`` as shares, ``as_good``, ``best``: the k chosen there) and the entries (start, k) up to
+    ``max_batch``, equal k merged (the last extends to ``max_batch``)."""
     import numpy as np
 
     grid = runs.pivot_table(index=["batch", "seed"], columns="k", values="steady_throughput")
     mean = grid.groupby(level="batch").mean()
     batches, ks = [int(b) for b in mean.index], [int(k) for k in mean.columns]
-    rows, excess, deficit = [], {}, {}
+    noise = pd.DataFrame(index=mean.index, columns=mean.columns, dtype=float)
     for b in batches:
         per_seed = grid.loc[b]
-        lead = per_seed.mean().idxmax()
-        shares = 1.0 - per_seed.div(per_seed[lead], axis=0)  # paired: each seed's k against the best k's same seed
-        n = len(shares)
-        stderr = shares.std(ddof=1) / math.sqrt(n) if n > 1 else shares.iloc[0] * 0.0
-        for k in ks:
-            noise = max(TABLE_Z * float(stderr[k]), TABLE_TOLERANCE)
-            deficit[b, k], excess[b, k] = float(shares[k].mean()), max(0.0, float(shares[k].mean()) - noise)
-            rows.append({"batch": b, "k": k, "seeds": n, "steady_throughput": float(mean.loc[b, k]),
-                         "deficit": deficit[b, k], "noise": noise, "as_good": excess[b, k] == 0.0})
-    chosen = dict(zip(batches, fewest_changes(batches, ks, excess, deficit)))
+        shares = 1.0 - per_seed.div(per_seed[per_seed.mean().idxmax()], axis=0)  # paired: each seed against the best
+        stderr = shares.std(ddof=1) / math.sqrt(len(shares)) if len(shares) > 1 else shares.iloc[0] * 0.0
+        noise.loc[b] = (TABLE_Z * stderr).clip(lower=TABLE_TOLERANCE)
     logs = np.log(np.array(batches, dtype=float))
-
-    def at(k: int, b: int) -> float:
-        return float(np.interp(math.log(b), logs, mean[k].to_numpy(float)))
-
-    entries = [(1, chosen[batches[0]])]
-    for lo, hi in zip(batches, batches[1:]):
-        old, new = chosen[lo], chosen[hi]
-        if new != old:
-            entries.append((next((b for b in range(lo + 1, hi) if at(new, b) >= at(old, b)), hi), new))
-    table = pd.DataFrame(rows)
-    table["best"] = [chosen[b] == k for b, k in zip(table["batch"], table["k"])]
-    return table, [(start, k) for start, k in entries if start <= max_batch]
+    sizes = np.arange(1, batches[-1] + 1)
+    curves = np.array([np.interp(np.log(sizes), logs, mean[k].to_numpy(float)) for k in ks])  # k x b
+    noises = np.array([np.interp(np.log(sizes), logs, noise[k].to_numpy(float)) for k in ks])
+    shortfall = 1.0 - curves / curves.max(axis=0)
+    deficit = {(int(b), k): float(shortfall[i, j]) for i, k in enumerate(ks) for j, b in enumerate(sizes)}
+    excess = {(int(b), k): max(0.0, float(shortfall[i, j] - noises[i, j])) for i, k in enumerate(ks)
+              for j, b in enumerate(sizes)}
+    path = dict(zip((int(b) for b in sizes), fewest_changes([int(b) for b in sizes], ks, excess, deficit)))
+    rows = [{"batch": b, "k": k, "seeds": int(grid.loc[b].shape[0]), "steady_throughput": float(mean.loc[b, k]),
+             "deficit": deficit[b, k], "noise": float(noise.loc[b, k]), "as_good": excess[b, k] == 0.0,
+             "best": path[b] == k} for b in batches for k in ks]
+    entries = [(b, k) for b, k in path.items() if b == 1 or path[b - 1] != k]
+    return pd.DataFrame(rows), [(start, k) for start, k in entries if start <= max_batch]
 
 
 def fewest_changes(batches: list[int], ks: list[int], excess: dict[tuple[int, int], float],
@@ -493,8 +501,8 @@ def fewest_changes(batches: list[int], ks: list[int], excess: dict[tuple[int, in
     """The k of each of ``batches`` (ascending) that minimises, in order, the summed ``excess`` (each k's deficit
     beyond the noise), the number of changes of k from one batch to the next and the summed ``deficit``: dynamic
     programming over the batches. Nothing forces k to fall with the batch: it does for dense targets, whose
-    verification costs more at a larger batch, not for a mixture of experts, whose small batches pay for experts a
-    large batch loads anyway (gpt-oss-120b on B200: k = 2 up to 32 requests, 3 from 64, module docstring)."""
+    verification costs more at a larger batch, not necessarily for a mixture of experts, whose small batches pay for
+    experts a large batch loads anyway."""
     best = {k: ((excess[batches[0], k], 0, deficit[batches[0], k]), [k]) for k in ks}
     for b in batches[1:]:
         best = {k: min(((cost[0] + excess[b, k], cost[1] + (before != k), cost[2] + deficit[b, k]), path + [k])
