@@ -172,6 +172,18 @@ def test_a_blip_within_the_noise_makes_no_range_but_a_k_that_rises_beyond_it_doe
     assert advise.table_entries(rise, 8)[1] == [(1, 2), (3, 3)]
 
 
+def test_a_k_better_than_both_neighbours_between_two_concurrencies_takes_the_range_between():
+    """Noise-free seeds. k = 3 leads at 32 (by 2%), k = 2 at 64 (by 0.2%, so k = 3 is as good there), k = 1 at 128
+    (by 2.4%). Linear in log b, k = 3 and k = 1 cross at b = 86.5, both 3% below k = 2: jumping from 3 to 1 there
+    would lose 3%, so k = 2 takes the middle, from where it overtakes k = 3 (58) to where k = 1 overtakes it (107)."""
+    runs = closed_loops({(32, 1): [540.0] * 3, (32, 2): [588.0] * 3, (32, 3): [600.0] * 3,
+                         (64, 1): [920.0] * 3, (64, 2): [1002.0] * 3, (64, 3): [1000.0] * 3,
+                         (128, 1): [1300.0] * 3, (128, 2): [1270.0] * 3, (128, 3): [1196.0] * 3})
+    table, entries = advise.table_entries(runs, 128)
+    assert entries == [(1, 3), (58, 2), (107, 1)]
+    assert table.loc[table["best"], ["batch", "k"]].values.tolist() == [[32, 3], [64, 2], [128, 1]]
+
+
 def test_fixed_lengths_are_drawn_lognormal_for_the_tables_closed_loops_with_their_means_kept():
     base = SimConfig.of(profile=P8_EAGLE3, rate=1.0, num_requests=10, prompt_len=210, output_len=200)
     loops = advise.table_base(base).workload
