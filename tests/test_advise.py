@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -102,6 +103,22 @@ def test_a_profile_naming_its_engine_and_version_is_another_deployment(tmp_path)
     assert other.engine_text.startswith("vllm (0.10;")
     found, _ = advise_inputs.discover(advise_inputs.deployment_of([P8]), [tmp_path])
     assert other.path not in [i.path for i in found]
+
+
+def test_profiles_fitted_to_an_engines_own_runs_are_that_release_and_a_profile_without_a_draft_prices_ngram():
+    """The 8B's vLLM 0.10 profiles (calibrate --published: calibration.engine vllm, engine_versions 0.10.1.1 and a
+    V1 of 2025-07 that names no release) are one deployment with its own n-gram profile, which n-gram runs on."""
+    given = advise_inputs.deployment_of([str(DATA / "h100-80gb-vllm0.10__llama-3.1-8b__eagle3-llama-3.1-8b.csv")])
+    found, _ = advise_inputs.discover(given, [DATA])
+    assert sorted((i.method, i.draft or "", Path(i.path).name) for i in found) == [
+        ("eagle", "eagle-llama-3.1-8b", "h100-80gb-vllm0.10__llama-3.1-8b__eagle-llama-3.1-8b.csv"),
+        ("eagle3", "eagle3-llama-3.1-8b", "h100-80gb-vllm0.10__llama-3.1-8b__eagle3-llama-3.1-8b.csv"),
+        ("ngram", "", "h100-80gb-vllm0.10__llama-3.1-8b__ngram.csv")]
+    assert {(i.engine, i.engine_version) for i in found} == {("vllm", "0.10")}
+    request = advise.Request([given[0].path], parse_slo("99% ttft:500"), None, None, None,
+                             advise_inputs.AcceptanceInputs())
+    drafters = {d.method: Path(d.profile).name for d in advise.drafters_of(request, given[0], found)}
+    assert drafters["ngram"] == "h100-80gb-vllm0.10__llama-3.1-8b__ngram.csv"
 
 
 def test_profiles_of_two_targets_are_refused_with_one_line(tmp_path, capsys):
