@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -104,6 +105,22 @@ def test_a_profile_naming_its_engine_and_version_is_another_deployment(tmp_path)
     assert other.path not in [i.path for i in found]
 
 
+def test_profiles_fitted_to_an_engines_own_runs_are_that_release_and_a_profile_without_a_draft_prices_ngram():
+    """The 8B's vLLM 0.10 profiles (calibrate --published: calibration.engine vllm, engine_versions 0.10.1.1 and a
+    V1 of 2025-07 that names no release) are one deployment with its own n-gram profile, which n-gram runs on."""
+    given = advise_inputs.deployment_of([str(DATA / "h100-80gb-vllm0.10__llama-3.1-8b__eagle3-llama-3.1-8b.csv")])
+    found, _ = advise_inputs.discover(given, [DATA])
+    assert sorted((i.method, i.draft or "", Path(i.path).name) for i in found) == [
+        ("eagle", "eagle-llama-3.1-8b", "h100-80gb-vllm0.10__llama-3.1-8b__eagle-llama-3.1-8b.csv"),
+        ("eagle3", "eagle3-llama-3.1-8b", "h100-80gb-vllm0.10__llama-3.1-8b__eagle3-llama-3.1-8b.csv"),
+        ("ngram", "", "h100-80gb-vllm0.10__llama-3.1-8b__ngram.csv")]
+    assert {(i.engine, i.engine_version) for i in found} == {("vllm", "0.10")}
+    request = advise.Request([given[0].path], parse_slo("99% ttft:500"), None, None, None,
+                             advise_inputs.AcceptanceInputs())
+    drafters = {d.method: Path(d.profile).name for d in advise.drafters_of(request, given[0], found)}
+    assert drafters["ngram"] == "h100-80gb-vllm0.10__llama-3.1-8b__ngram.csv"
+
+
 def test_profiles_of_two_targets_are_refused_with_one_line(tmp_path, capsys):
     code = run_sim.main(["advise", "--profile", f"{P8},{P70}", "--slo", "99% ttft:500", "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
@@ -118,22 +135,146 @@ def test_a_flag_advise_chooses_is_refused_naming_what_to_give(tmp_path, capsys):
 
 
 # -- the generated table ---------------------------------------------------------------------------------------
-def test_the_table_takes_the_best_k_at_every_batch_size_interpolated_in_log_batch():
-    """k = 1 beats k = 0 at batch 1 (200 against 100 tokens/s), k = 0 wins at 100 (1000 against 800): linear in log b
-    they cross at b = 100^(1/3) = 4.6; at b = 4 k = 1 is 2.6% ahead (beyond the 1% tolerance), at b = 5 k = 0 leads."""
-    runs = pd.DataFrame({"batch": [1, 100, 1, 100], "k": [0, 0, 1, 1], "output_throughput": [100, 1000, 200, 800]})
-    entries, best = advise.table_entries(runs, 128)
-    assert entries == [(1, 1), (5, 0)]
-    assert best == {1: 1, 100: 0}
-    drafter = advise.Drafter("eagle3", P8_EAGLE3, "eagle3-llama-3.1-8b", advise_inputs.assumed_default("eagle3"))
+def closed_loops(throughputs: dict[tuple[int, int], list[float]]) -> pd.DataFrame:
+    """Table measurements: {(batch, k): [steady tokens/s of seed 0, seed 1, ...]}."""
+    return pd.DataFrame([{"batch": b, "k": k, "seed": seed, "steady_throughput": value}
+                         for (b, k), values in throughputs.items() for seed, value in enumerate(values)])
+
+
+EAGLE3 = advise.Drafter("eagle3", P8_EAGLE3, "eagle3-llama-3.1-8b", advise_inputs.assumed_default("eagle3"))
+
+
+def test_the_table_changes_k_where_the_new_k_overtakes_interpolated_in_log_batch():
+    """k = 2 leads at batch 1 (200 against 100 tokens/s), k = 1 at 100 (1000 against 800): linear in log b the
+    difference is -100 + 300 log(b) / log(100), 0 at b = 100^(1/3) = 4.6, so k = 1 from 5 on."""
+    runs = closed_loops({(1, 0): [50] * 3, (1, 1): [100] * 3, (1, 2): [200] * 3,
+                         (100, 0): [500] * 3, (100, 1): [1000] * 3, (100, 2): [800] * 3})
+    table, entries = advise.table_entries(runs, 128)
+    assert entries == [(1, 2), (5, 1)]
+    assert table.loc[table["best"], ["batch", "k"]].values.tolist() == [[1, 2], [100, 1]]
+    assert table.loc[table["batch"] == 100, "deficit"].tolist() == pytest.approx([0.5, 0.0, 0.2])
+    table_candidate = advise.table_candidate(EAGLE3, entries, 128)
+    assert dict(table_candidate.fields)["policy_params"] == (("table", "1-4:2,5-128:1"),)
+    assert advise.table_candidate(EAGLE3, [(1, 0)], 128) is None  # a table that never speculates is no candidate
+
+
+def test_a_k_better_only_within_the_noise_makes_no_range_and_a_table_of_one_k_is_that_fixed_k():
+    """At batch 1 k = 2 leads k = 1 by 1% on average, but seed by seed by +3%, -1%, +1% (two standard errors: 2.3%);
+    at 100 k = 1 leads by 10%: one k, 1, at every batch size, which is fixed k = 1."""
+    runs = closed_loops({(1, 1): [100, 100, 100], (1, 2): [103, 99, 101],
+                         (100, 1): [1000, 1000, 1000], (100, 2): [900, 900, 900]})
+    table, entries = advise.table_entries(runs, 128)
+    assert entries == [(1, 1)]
+    assert table.loc[table["batch"] == 1, "as_good"].tolist() == [True, True]
+    one = advise.table_candidate(EAGLE3, entries, 128)
+    assert one == advise.fixed_k(EAGLE3, 1) and one.name == "fixed-k:1 [eagle3]"
+    assert advise.table_words(one, 128) == "1-128:1 (one k at every batch size: fixed-k:1)"
+
+
+def test_a_gain_within_the_tolerance_makes_no_range():
+    """Noise-free seeds: k = 3 leads k = 2 by 0.4% at batch 1, within the 0.5% tolerance; k = 2 leads from 8 on."""
+    runs = closed_loops({(1, 2): [100.0] * 3, (1, 3): [100.4] * 3, (8, 2): [800.0] * 3, (8, 3): [700.0] * 3})
+    assert advise.table_entries(runs, 8)[1] == [(1, 2)]
+
+
+def test_a_blip_within_the_noise_makes_no_range_but_a_k_that_rises_beyond_it_does():
+    """Noise-free seeds. k = 3 leads by 5% at batches 1 and 4; at 2, k = 2 by 0.3%, within the tolerance: one k, 3,
+    no blip. Where k = 2 leads by 5% at 1 and 2 and k = 3 by 5% from 4 on (a mixture of experts' small batches pay
+    for the experts a large one loads anyway), k rises with the batch."""
+    blip = closed_loops({(1, 2): [100.0] * 3, (1, 3): [105.0] * 3, (2, 2): [200.6] * 3, (2, 3): [200.0] * 3,
+                         (4, 2): [400.0] * 3, (4, 3): [420.0] * 3})
+    assert advise.table_entries(blip, 8)[1] == [(1, 3)]
+    rise = closed_loops({(1, 2): [105.0] * 3, (1, 3): [100.0] * 3, (2, 2): [210.0] * 3, (2, 3): [200.0] * 3,
+                         (4, 2): [400.0] * 3, (4, 3): [420.0] * 3})
+    assert advise.table_entries(rise, 8)[1] == [(1, 2), (3, 3)]
+
+
+def test_a_k_better_than_both_neighbours_between_two_concurrencies_takes_the_range_between():
+    """Noise-free seeds. k = 3 leads at 32 (by 2%), k = 2 at 64 (by 0.2%, so k = 3 is as good there), k = 1 at 128
+    (by 2.4%). Linear in log b, k = 3 and k = 1 cross at b = 86.5, both 3% below k = 2: jumping from 3 to 1 there
+    would lose 3%, so k = 2 takes the middle, from where it overtakes k = 3 (58) to where k = 1 overtakes it (107)."""
+    runs = closed_loops({(32, 1): [540.0] * 3, (32, 2): [588.0] * 3, (32, 3): [600.0] * 3,
+                         (64, 1): [920.0] * 3, (64, 2): [1002.0] * 3, (64, 3): [1000.0] * 3,
+                         (128, 1): [1300.0] * 3, (128, 2): [1270.0] * 3, (128, 3): [1196.0] * 3})
+    table, entries = advise.table_entries(runs, 128)
+    assert entries == [(1, 3), (58, 2), (107, 1)]
+    assert table.loc[table["best"], ["batch", "k"]].values.tolist() == [[32, 3], [64, 2], [128, 1]]
+
+
+def test_fixed_lengths_are_drawn_lognormal_for_the_tables_closed_loops_with_their_means_kept():
+    base = SimConfig.of(profile=P8_EAGLE3, rate=1.0, num_requests=10, prompt_len=210, output_len=200)
+    loops = advise.table_base(base).workload
+    assert (loops.length_dist, loops.length_sigma) == ("lognormal", advise.TABLE_LENGTH_SIGMA)
+    mean = math.exp(advise.TABLE_LENGTH_SIGMA ** 2 / 2)  # a lognormal's mean over its median
+    assert (loops.prompt_len * mean, loops.output_len * mean) == (pytest.approx(210, abs=1), pytest.approx(200, abs=1))
+    drawn = base.replace(length_dist="lognormal", length_sigma=1.0)
+    assert advise.table_base(drawn) == drawn  # lengths already drawn stay the workload's
+
+
+def test_the_steady_throughput_counts_the_steps_between_the_first_finish_and_the_last_sending():
+    """Ten steps of 1 s emitting 10, 20, ..., 100 tokens; the first request finishes at 2 s, the last is sent at 7 s:
+    the steps starting at 2..6 s emit 30 + ... + 70 = 250 tokens in 5 s."""
+    from types import SimpleNamespace
+
+    steps = pd.DataFrame({"start_time": np.arange(10.0), "seconds": 1.0, "emitted": np.arange(10, 101, 10)})
+    requests = pd.DataFrame({"arrival_time": [0.0, 0.0, 7.0], "finish_time": [2.0, 9.0, 10.0]})
+    result = SimpleNamespace(steps=steps, requests=requests, summary={"output_throughput": 55.0})
+    assert advise.steady_throughput(result) == 50.0
+    drained = SimpleNamespace(steps=steps, requests=requests.assign(arrival_time=0.0), summary=result.summary)
+    assert advise.steady_throughput(drained) == 55.0  # no step between: the whole run's
+
+
+def test_a_tables_k_0_keeps_the_draft_model_and_costs_more_than_no_speculation():
+    """A table's k = 0 range still runs the draft model's prefill of every prompt: at the same batch it emits fewer
+    tokens/s than no speculation, so the table's closed loops price k = 0 as the drafter never proposing."""
+    acceptance = advise_inputs.assumed_default("draft_model")
+    drafter = advise.Drafter("draft_model", P8, "llama-3.2-1b", acceptance)
+    never = advise.fixed_k(drafter, 0)
+    base = SimConfig.of(profile=P8, rate=math.inf, max_concurrency=8, num_requests=24, prompt_len=512, output_len=32,
+                        save_steps=True)
+    config = never.config(base, P8)
+    assert (config.speculative.policy, config.speculative.policy_params) == ("vllm-batch-table", (("table", "1:0"),))
+    _, figures = advise._run_item(("k0", config))
+    _, plain = advise._run_item(("no-spec", advise.Candidate("no-spec", "no-spec").config(base, P8)))
+    assert figures["acceptance_rate"] != figures["acceptance_rate"] or figures["acceptance_rate"] == 0  # no proposal
+    assert figures["steady_throughput"] < plain["steady_throughput"]
+
+
+@pytest.mark.parametrize("method, draft", [("eagle3", "eagle3-llama-3.1-8b"), ("eagle", "eagle-llama-3.1-8b")])
+def test_the_generated_table_is_never_worse_than_the_best_fixed_k_on_a_diurnal_ramp(tmp_path, method, draft):
+    """A 128-slot deployment of the docs' traffic (210 prompt, 200 output tokens): the table derived from the closed
+    loops (k up to 4, which holds the best k at every batch size here) against no speculation and every fixed k over
+    a ramp of 300 requests, the same seed for every candidate."""
+    profile = str(DATA / f"h100-80gb-vllm__llama-3.1-8b__{draft}.csv")
+    base = SimConfig.of(profile=profile, rate=1.0, num_requests=100, max_num_seqs=128, prompt_len=210, output_len=200,
+                        scheduler="chunked-prefill", max_num_batched_tokens=8192)
+    acceptance = advise_inputs.resolve([method], "llama-3.1-8b", advise_inputs.AcceptanceInputs())[method]
+    drafter = advise.Drafter(method, profile, draft, acceptance, method)
+    study = advise.Study(base, profile, advise.Load("rate", (1.0,)), parse_slo("99% ttft:500"), 100, advise.Runner(1))
+    capacity = advise.full_load(study, [advise.Candidate("no-spec", "no-spec")])["no-spec"]
+    _, entries = advise.batch_table(study, drafter, ks=range(5))
     table = advise.table_candidate(drafter, entries, 128)
-    assert dict(table.fields)["policy_params"] == (("table", "1-4:1,5-128:0"),)
-    assert advise.table_candidate(drafter, [(1, 0)], 128) is None  # a table that never speculates is no candidate
+    assert table.family == "vllm-batch-table" and len(entries) >= 2  # a table of ranges, the ramp crosses them
+    runs, verdict = advise.ramp_check(study, table, capacity, 300, tmp_path)
+    latency = dict(zip(runs["candidate"], runs["mean_latency"]))
+    fixed = {name: v for name, v in latency.items() if name != table.name}
+    assert sorted(fixed) == sorted(["no-spec"] + [f"fixed-k:{k} [{method}]" for k in range(1, 8)])
+    assert latency[table.name] <= min(fixed.values())
+    assert "beats every fixed k" in verdict or "ties" in verdict
 
 
-def test_a_smaller_k_within_the_tolerance_wins():
-    runs = pd.DataFrame({"batch": [1, 1, 1], "k": [1, 2, 3], "output_throughput": [100.0, 100.5, 100.9]})
-    assert advise.table_entries(runs, 4)[0] == [(1, 1)]
+def test_the_verdict_of_a_table_of_one_k_is_a_tie_when_that_k_is_the_best_fixed_one(tmp_path):
+    base = SimConfig.of(profile=P8_EAGLE3, rate=1.0, num_requests=60, max_num_seqs=16, prompt_len=64, output_len=32)
+    study = advise.Study(base, P8_EAGLE3, advise.Load("rate", (1.0,)), parse_slo("99% ttft:500"), 60,
+                         advise.Runner(1))
+    for k in (1, 3):
+        runs, verdict = advise.ramp_check(study, advise.fixed_k(EAGLE3, k), 100.0, 60, tmp_path)
+        assert runs.groupby("candidate")["seed"].count().to_dict() == {  # the table is one of the fixed k
+            "no-spec": 3, **{f"fixed-k:{j} [eagle3]": 3 for j in range(1, 8)}}
+        latency = runs[runs["candidate"] != "no-spec"].groupby("candidate")["mean_latency"].mean()
+        tie = latency.idxmin() == f"fixed-k:{k} [eagle3]"
+        assert ("it ties the best fixed k" in verdict) == tie and ("does NOT beat" in verdict) == (not tie)
+        assert f"the generated table is fixed-k:{k}" in verdict
 
 
 def test_diurnal_arrivals_follow_the_sinusoid_of_their_cumulative_rate():

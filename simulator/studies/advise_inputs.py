@@ -5,10 +5,11 @@ tokens are accepted (the user's figures, vLLM's counters, a trace, or a labelled
 (a draft model, or an EAGLE / EAGLE-3 / MTP head: ``draft.speculative_method``). :func:`identity` reads that from the
 profile's ``.meta.json``: ``target.config``, ``device``, ``target.tensor_parallel``, ``draft.config`` and its method,
 and the engine the costs describe: ``engine`` (a name, ``"vllm 0.10"``, or ``{"name": "vllm", "version": "0.10"}``;
-profiles calibrated per engine and version carry it), or the ``calibration`` block's ``engine`` and ``engine_versions``
-(a profile fitted to an engine's own speculative runs, :mod:`profiles.spec_calibrate`; one without a drafter prices
-n-gram speculation), else ``vllm`` for a profile calibrated to vLLM results (its version not recorded), else
-``unspecified``. Profiles of one deployment are those that agree on all but the drafter
+profiles calibrated per engine and version carry it), else the engine of a profile fitted to an engine's own
+speculative runs (``calibration.engine``, ``profiles/spec_calibrate.py``) at the major.minor release its
+``calibration.engine_versions`` agree on (none where they name no release, or several), else ``vllm`` for a profile
+calibrated to vLLM results (its version not recorded), else ``unspecified``. A profile without a draft config prices
+n-gram prompt lookup (no drafter). Profiles of one deployment are those that agree on all but the drafter
 (:attr:`Identity.deployment`); several given with ``--profile`` must, and :func:`discover` adds the profiles of the
 same deployment found beside them and in ``profiles/data/`` (one per drafter), so a new engine's calibrated profiles
 plug in by their metadata, whatever their file names.
@@ -45,6 +46,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
@@ -123,11 +125,10 @@ def identity(path: str, flag: str = "--profile") -> Identity:
         raise UserError(f"{flag} {path}: its metadata ({meta_path(p).name}) does not say the target, GPU and tensor "
                         f"parallel it prices ({type(exc).__name__}: {exc})") from None
     engine, version = _engine(meta)
-    # a profile without a drafter (draft config None) prices n-gram speculation (profiles/spec_calibrate.py)
-    method = "ngram" if "config" in draft and draft["config"] is None else \
-        method_name(str(draft.get("speculative_method", DEFAULT_DRAFT_METHOD)), f"{flag} {path}")
-    return Identity(str(p), name, gpu.split(" x ")[-1] if " x " in gpu else gpu, tp,
-                    draft.get("config") if isinstance(draft.get("config"), str) else None, method, engine, version,
+    config = draft.get("config") if isinstance(draft.get("config"), str) else None
+    default = DEFAULT_DRAFT_METHOD if config else "ngram"  # no drafter: a profile of n-gram prompt lookup
+    method = method_name(str(draft.get("speculative_method", default)), f"{flag} {path}")
+    return Identity(str(p), name, gpu.split(" x ")[-1] if " x " in gpu else gpu, tp, config, method, engine, version,
                     method_label(meta))
 
 
@@ -141,9 +142,10 @@ def _engine(meta: dict[str, Any]) -> tuple[str, str | None]:
         name, _, version = engine.strip().partition(" ")
         return name.lower(), version.strip() or None
     calibration = meta.get("calibration")
-    if isinstance(calibration, dict) and isinstance(calibration.get("engine"), str):  # profiles/spec_calibrate.py's
-        versions = calibration.get("engine_versions") or []
-        return calibration["engine"].lower(), "/".join(map(str, versions)) or None
+    if isinstance(calibration, dict) and calibration.get("engine"):  # profiles/spec_calibrate.py's record
+        releases = [re.match(r"(\d+)\.(\d+)", str(v)) for v in calibration.get("engine_versions") or ()]
+        minors = sorted({f"{m[1]}.{m[2]}" for m in releases if m})
+        return str(calibration["engine"]).lower(), minors[0] if len(minors) == 1 else None
     return ("vllm", None) if calibration is not None else ("unspecified", None)
 
 
@@ -276,7 +278,8 @@ def published_default(method: str, target: str, dataset: str) -> Acceptance | No
     other = "" if target == PUBLISHED_TARGET else f"; measured on Llama-3.1-8B-Instruct, not {target}"
     if method in ("eagle", "eagle3") and (dataset == "mtbench" or method == "eagle3"):
         table = pd.read_csv(VLLM_EAGLE_TABLE)
-        rows = table[(table["method"] == method) & (table["figure"] == "tpot_ms")].sort_values("num_speculative_tokens")
+        rows = table[(table["method"] == method) & table["acceptance_length"].notna()].sort_values(
+            "num_speculative_tokens")  # the published-measurements format (profiles/data/README.md)
         ks, lengths = rows["num_speculative_tokens"].astype(int).tolist(), rows["acceptance_length"].tolist()
         note = "" if dataset == "mtbench" else f"; no {dataset} figure for {method}"
         return Acceptance(method, "published default", positions=positions_from_lengths(ks, lengths),

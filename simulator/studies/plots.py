@@ -360,8 +360,9 @@ def plot_pareto(points: pd.DataFrame, path: str | Path, title: str) -> str:
 
 
 def plot_batch_tables(runs: pd.DataFrame, path: str | Path) -> str:
-    """The generated batch-size tables' runs: output tokens/s against concurrency, one line per k (k = 0 is no
-    speculation), one panel per drafter (``method``), each concurrency's best k ringed."""
+    """The generated batch-size tables' measurements (:func:`simulator.studies.advise.table_entries`' rows): steady
+    output tokens/s against concurrency, one line per k (k = 0: the drafter configured and never proposing, drawn in
+    no speculation's style), one panel per drafter (``method``), the k the table takes at each concurrency ringed."""
     methods = list(dict.fromkeys(runs["method"]))
     fig, axes = plt.subplots(1, len(methods), figsize=(5.2 * len(methods) + 2, 4.2), squeeze=False)
     for ax, method in zip(axes[0], methods):
@@ -369,11 +370,11 @@ def plot_batch_tables(runs: pd.DataFrame, path: str | Path) -> str:
         for k, group in part.groupby("k"):
             spec = "no-spec" if k == 0 else f"fixed-k:{k}"
             group = group.sort_values("batch")
-            ax.plot(group["batch"], group["output_throughput"], ms=4, lw=1, label=spec, **policy_style(spec))
+            ax.plot(group["batch"], group["steady_throughput"], ms=4, lw=1, label=f"k={k}", **policy_style(spec))
         best = part[part["best"]]
-        ax.scatter(best["batch"], best["output_throughput"], s=140, facecolors="none", edgecolors="k",
-                   label="best k at that concurrency")
-        finish_axis(ax, "requests in flight (closed loop)", "output tokens/s", log_x=True, log_y=True)
+        ax.scatter(best["batch"], best["steady_throughput"], s=140, facecolors="none", edgecolors="k",
+                   label="the table's k at that concurrency")
+        finish_axis(ax, "requests in flight (closed loop)", "steady output tokens/s", log_x=True, log_y=True)
         ax.set_title(f"{method}: k by batch size", fontsize=10)
         ax.legend(fontsize=6)
     return save_figure(fig, path)
