@@ -5,8 +5,10 @@ the target and its MTP head on the GPUs and tensor-parallel degree published), c
 **own decode speed without speculation** (``fit`` rows of ``profiles/data/moe_speculation/checks.csv``, each with
 its source), then run through the simulator (:func:`simulator.core.runner.run_simulation`: a closed loop of
 ``batch_size`` requests sent at once, as ``bench_one_batch`` and SpecDecode-Bench's fixed batches) without
-speculation and with a chain of ``k`` MTP drafts at the published acceptance. The simulated speedup (output
-throughput with / without) is compared with the published one (``check`` rows), which no fit has seen.
+speculation and with a chain of ``k`` MTP drafts at the published acceptance. The draft head's per-pass overhead is
+fitted to ONE published speedup, the smallest batch of each speculative series (batch 1: a ``fit`` row with a
+speedup); the simulated speedup (output throughput with / without) at every other batch is compared with the
+published one (``check`` rows), which no fit has seen.
 
 The calibration: the roofline's efficiencies and per-pass overhead were fitted to a dense 8B engine on one H200
 (:data:`profiles.analytical.EFFICIENCY_SOURCE`); a MoE target at tensor parallelism 8 pays more per layer (fused-MoE
@@ -14,8 +16,12 @@ kernels' fixed cost, two all-reduces a layer, routing), which the roofline leave
 on 8 x H200 decodes in 7 ms a token by the roofline, about 23 ms as published). :func:`fit` refits
 ``overhead_per_layer_s`` (and, where the series has several batch sizes, ``bandwidth``) by least squares on the log
 ratio of the roofline's decode step to the published no-speculation step (``batch / tokens per second``). The draft
-head's passes take the same per-layer overhead (one layer) and ``overhead_fixed_s``, which no published
-measurement without speculation can tell apart from the target's.
+head's passes take the same efficiencies and per-layer overhead (its one layer), and a per-pass overhead of their own
+(``overhead_fixed_s`` of the draft's :class:`Efficiency`, priced through ``analytical_profile(..., draft_eff=...)``):
+each of the ``k`` sequential draft passes of a step is a forward of its own (launch, synchronisation, sampling), as
+the speculative calibration's ``head_pass_s`` (:class:`profiles.spec_calibrate.SpecCalibration`). No speed without
+speculation can tell it apart from the target's, so :func:`fit_draft` fits it to the series' batch-1 speedup with
+speculation; the larger batches stay held out.
 
     python -m profiles.moe_checks --out results/moe_checks      # prints the table, writes moe_checks.csv there
 """
@@ -45,8 +51,8 @@ TOLERANCE = 0.15
 #: The profile grid the checks need: batches up to 32, a verification of up to 4 tokens, contexts to 2k.
 GRID = Grid(batch_sizes=(1, 2, 4, 8, 16, 32), query_lens=(1, 2, 3, 4), context_lens=(128, 256, 512, 1024, 2048),
             prefill_lens=(128, 256, 512, 1024), max_prefill_tokens=16384)
-#: Bounds of the fitted :class:`Efficiency` fields.
-BOUNDS = {"overhead_per_layer_s": (0.0, 2e-3), "bandwidth": (0.3, 1.0)}
+#: Bounds of the fitted :class:`Efficiency` fields (the draft's ``overhead_fixed_s``: :func:`fit_draft`).
+BOUNDS = {"overhead_per_layer_s": (0.0, 2e-3), "bandwidth": (0.3, 1.0), "overhead_fixed_s": (0.0, 5e-3)}
 
 
 def constant_rate(acceptance_length: float, k: int) -> float:
@@ -76,10 +82,13 @@ class Setup:
     acceptance_source: str
     prompt_len: int
     output_len: int
-    fit_series: str
-    check_series: str
+    speed_series: str
+    """The published speeds without speculation (``fit`` rows) the target's :class:`Efficiency` is fitted to."""
+    spec_series: str
+    """The published speedups with speculation: the ``fit`` row (its smallest batch) sets the draft's per-pass
+    overhead, the ``check`` rows are held out."""
     free: tuple[str, ...]
-    """The :class:`Efficiency` fields fitted to ``fit_series``."""
+    """The :class:`Efficiency` fields fitted to ``speed_series``."""
 
 
 #: DeepSeek-V3's MTP chain of 3 drafts (the docs' default, ``--speculative-num-steps 3 --speculative-eagle-topk 1
@@ -106,10 +115,12 @@ SETUPS = (
 )
 
 
-def measurements(series: str, use: str) -> pd.DataFrame:
-    """The ``use`` rows (``fit`` or ``check``) of one published series."""
+def measurements(series: str, use: str, quantity: str) -> pd.DataFrame:
+    """The ``use`` rows (``fit`` or ``check``) of one published series that give ``quantity`` (``no_spec_tok_s`` or
+    ``speedup``)."""
     table = pd.read_csv(MEASUREMENTS)
-    return table[(table["series"] == series) & (table["use"] == use)].reset_index(drop=True)
+    return table[(table["series"] == series) & (table["use"] == use)
+                 & table[quantity].notna()].reset_index(drop=True)
 
 
 def decode_step_s(setup: Setup, batch_size: int, eff: Efficiency) -> float:
@@ -123,7 +134,7 @@ def decode_step_s(setup: Setup, batch_size: int, eff: Efficiency) -> float:
 def fit(setup: Setup) -> Efficiency:
     """The default :class:`Efficiency` with ``setup.free`` refitted to the series' published speeds without
     speculation (least squares on log(roofline step / published step))."""
-    points = measurements(setup.fit_series, "fit")
+    points = measurements(setup.speed_series, "fit", "no_spec_tok_s")
 
     def efficiency(x: np.ndarray) -> Efficiency:
         return replace(Efficiency(), **dict(zip(setup.free, (float(v) for v in x))))
@@ -161,38 +172,72 @@ def simulate(profile: Path, setup: Setup, batch_size: int, speculate: bool) -> f
                             setup.positions)
 
 
-def check(setup: Setup, out_dir: Path) -> pd.DataFrame:
-    """One row a published point of ``setup``: the fit points (tokens/s without speculation) and the held-out
-    checks (speedup), published against simulated."""
+def speedup(profile: Path, setup: Setup, batch_size: int) -> float:
+    """Simulated output throughput with ``setup``'s MTP chain over without, at ``batch_size``."""
+    return simulate(profile, setup, batch_size, True) / simulate(profile, setup, batch_size, False)
+
+
+def write_calibrated(setup: Setup, eff: Efficiency, draft_eff: Efficiency, profile: Path, grid: Grid = GRID) -> Path:
+    """``setup``'s analytical profile over ``grid``, its target priced with ``eff`` and its MTP head with
+    ``draft_eff``, written to ``profile`` (its metadata naming what was fitted to what)."""
     from simulator.costs.profile_table import write_profile
 
-    eff = fit(setup)
-    frame, meta = analytical_profile(Deployment(setup.gpu_key, setup.target, "mtp", setup.tp), GRID, eff=eff)
-    meta["efficiency_source"] = (f"profiles/moe_checks.py: {', '.join(setup.free)} fitted to {setup.fit_series} "
-                                 f"({MEASUREMENTS.relative_to(DATA_DIR.parents[1])}); the rest "
-                                 f"profiles.analytical.EFFICIENCY_SOURCE")
-    slug = "".join(c if c.isalnum() else "-" for c in setup.name.split(",")[0] + "-" + setup.fit_series)
-    profile = out_dir / f"{slug}.csv"
+    frame, meta = analytical_profile(Deployment(setup.gpu_key, setup.target, "mtp", setup.tp), grid, eff=eff,
+                                     draft_eff=draft_eff)
+    data = MEASUREMENTS.relative_to(DATA_DIR.parents[1])
+    meta["efficiency_source"] = (f"profiles/moe_checks.py: {', '.join(setup.free)} fitted to {setup.speed_series} "
+                                 f"({data}), the draft's overhead_fixed_s to {setup.spec_series}'s fit row(s); the "
+                                 f"rest profiles.analytical.EFFICIENCY_SOURCE")
     write_profile(frame, meta, profile)
-    fitted = ", ".join(f"{name} {getattr(eff, name):.4g}" for name in setup.free)
+    return profile
+
+
+def fit_draft(setup: Setup, eff: Efficiency, profile: Path) -> Efficiency:
+    """The MTP head's :class:`Efficiency`: ``eff`` with its per-pass ``overhead_fixed_s`` refitted (least squares on
+    simulated - published speedup) to the ``fit`` speedup(s) of ``setup.spec_series``, simulated on profiles written
+    to ``profile`` (:func:`write_calibrated`; the last one written is the last candidate tried, not the fit)."""
+    points = measurements(setup.spec_series, "fit", "speedup")
+
+    def draft_eff(x: np.ndarray) -> Efficiency:
+        return replace(eff, overhead_fixed_s=float(x[0]))
+
+    def residuals(x: np.ndarray) -> list[float]:
+        write_calibrated(setup, eff, draft_eff(x), profile)
+        return [speedup(profile, setup, int(b)) - s for b, s in zip(points["batch_size"], points["speedup"])]
+
+    lower, upper = BOUNDS["overhead_fixed_s"]
+    return draft_eff(least_squares(residuals, [eff.overhead_fixed_s], bounds=([lower], [upper])).x)
+
+
+def check(setup: Setup, out_dir: Path) -> pd.DataFrame:
+    """One row a published point of ``setup``: the fit points (tokens/s without speculation; the batch-1 speedup the
+    draft overhead is fitted to) and the held-out checks (speedup), published against simulated."""
+    eff = fit(setup)
+    slug = "".join(c if c.isalnum() else "-" for c in setup.name.split(",")[0] + "-" + setup.speed_series)
+    profile = out_dir / f"{slug}.csv"
+    draft_eff = fit_draft(setup, eff, profile)
+    write_calibrated(setup, eff, draft_eff, profile)
+    fitted = ", ".join([f"{name} {getattr(eff, name):.4g}" for name in setup.free]
+                       + [f"draft overhead_fixed_s {draft_eff.overhead_fixed_s:.4g}"])
     rows = []
-    for row in measurements(setup.fit_series, "fit").itertuples():
+    for row in measurements(setup.speed_series, "fit", "no_spec_tok_s").itertuples():
         sim = simulate(profile, setup, row.batch_size, False)
         rows.append({"setup": setup.name, "use": "fit", "batch_size": row.batch_size, "quantity": "tok/s no-spec",
                      "published": row.no_spec_tok_s, "simulated": sim, "error": sim / row.no_spec_tok_s - 1,
                      "fitted": fitted, "source": row.source})
-    for row in measurements(setup.check_series, "check").itertuples():
-        base = simulate(profile, setup, row.batch_size, False)
-        sim = simulate(profile, setup, row.batch_size, True) / base
-        rows.append({"setup": setup.name, "use": "check", "batch_size": row.batch_size, "quantity": "speedup",
-                     "published": row.speedup, "simulated": sim, "error": sim - row.speedup, "fitted": fitted,
-                     "source": row.source})
+    for use in ("fit", "check"):
+        for row in measurements(setup.spec_series, use, "speedup").itertuples():
+            sim = speedup(profile, setup, row.batch_size)
+            rows.append({"setup": setup.name, "use": use, "batch_size": row.batch_size, "quantity": "speedup",
+                         "published": row.speedup, "simulated": sim, "error": sim - row.speedup, "fitted": fitted,
+                         "source": row.source})
     return pd.DataFrame(rows)
 
 
 def run_checks(out_dir: str | Path, setups: tuple[Setup, ...] = SETUPS) -> pd.DataFrame:
     """Every setup's fit and check rows, written to ``out_dir/moe_checks.csv`` (the profiles beside it);
-    ``within``: a check's speedup within :data:`TOLERANCE` of the published one (empty for fit rows)."""
+    ``within``: a held-out check's speedup within :data:`TOLERANCE` of the published one (empty for fit rows, the
+    fitted batch-1 speedups among them)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     table = pd.concat([check(setup, out) for setup in setups], ignore_index=True)

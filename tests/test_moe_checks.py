@@ -1,5 +1,6 @@
 """The MoE speculation checks (profiles/moe_checks.py, issue 31 item 6): published speedups with MTP, priced through the
-simulator on analytical profiles calibrated only on the same deployments' speeds without speculation.
+simulator on analytical profiles calibrated on the same deployments' speeds without speculation, the MTP head's
+per-pass overhead on each series' batch-1 speedup; the larger batches' speedups held out.
 
 Published figures (profiles/data/moe_speculation/checks.csv gives each row's source): SGLang's docs, DeepSeek-V3 MTP on
 8 x H200 TP8, 1.8x at batch 1 and 1.5x at batch 32; SpecDecode-Bench (arXiv 2601.11580, Fig. 3 (h)), GLM-4.5-Air MTP on
@@ -29,15 +30,19 @@ def test_vllms_per_position_rates_become_conditional_ones_whose_products_give_th
         [0.92, 0.68, 0.38])
 
 
-def test_every_published_number_has_its_source_and_no_check_is_fitted():
+def test_every_published_number_has_its_source_and_only_the_smallest_batch_speedup_is_fitted():
     table = pd.read_csv(MEASUREMENTS)
     assert table["source"].notna().all() and set(table["use"]) == {"fit", "check"}
-    fits, checks = table[table["use"] == "fit"], table[table["use"] == "check"]
-    # a fit row is a speed without speculation, never a speedup; a check row the reverse
-    assert fits["no_spec_tok_s"].notna().all() and fits["speedup"].isna().all()
-    assert checks["speedup"].notna().all() and checks["no_spec_tok_s"].isna().all()
+    # a row gives one number: a speed without speculation (always fitted) or a speedup
+    assert (table["no_spec_tok_s"].isna() != table["speedup"].isna()).all()
+    checks = table[table["use"] == "check"]
+    assert checks["speedup"].notna().all()
     for setup in SETUPS:
-        assert set(measurements(setup.fit_series, "fit").index) and set(measurements(setup.check_series, "check").index)
+        speeds = measurements(setup.speed_series, "fit", "no_spec_tok_s")
+        fitted = measurements(setup.spec_series, "fit", "speedup")
+        held_out = measurements(setup.spec_series, "check", "speedup")
+        assert len(speeds) >= 1 and list(fitted["batch_size"]) == [1] and len(held_out) >= 1
+        assert held_out["batch_size"].min() > 1  # every held-out speedup is at a larger batch than the fitted one
 
 
 def test_the_assembled_glm_45_air_config_is_labelled_and_reads_as_published():
@@ -61,11 +66,16 @@ def test_the_checks_table_names_which_published_speedups_the_simulator_meets(tmp
     assert (checks["error"] == checks["simulated"] - checks["published"]).all()
     assert (checks["within"] == (checks["error"].abs() <= TOLERANCE).map(str)).all()
     fits = table[table["use"] == "fit"]
+    assert (fits["within"] == "").all()
     assert fits["error"].abs().max() < 0.15  # the calibration reproduces its own points within 15%
+    fitted_speedups = fits[fits["quantity"] == "speedup"]
+    assert list(fitted_speedups["batch_size"]) == [1, 1, 1]
+    # one draft overhead a setup meets its one speedup (with the target's 90 us the errors were +0.05 / +0.17 / +0.03)
+    assert fitted_speedups["error"].abs().max() < 1e-6
     met = {(row.setup.split(" ")[0], row.setup.split("fit on ")[-1][:7], row.batch_size): row.within == "True"
            for row in checks.itertuples()}
     assert met == {
-        ("deepseek-v3", "PR #358", 1): True, ("deepseek-v3", "PR #358", 32): True,
-        ("deepseek-v3", "v0.4.1.", 1): False, ("deepseek-v3", "v0.4.1.", 32): False,
-        ("glm-4.5-air", "glm-4.5", 1): True, ("glm-4.5-air", "glm-4.5", 2): True, ("glm-4.5-air", "glm-4.5", 4): False,
+        ("deepseek-v3", "PR #358", 32): True,
+        ("deepseek-v3", "v0.4.1.", 32): False,
+        ("glm-4.5-air", "glm-4.5", 2): True, ("glm-4.5-air", "glm-4.5", 4): False,
     }
