@@ -6,7 +6,7 @@ the target and its MTP head on the GPUs and tensor-parallel degree published), c
 its source), then run through the simulator (:func:`simulator.core.runner.run_simulation`: a closed loop of
 ``batch_size`` requests sent at once, as ``bench_one_batch`` and SpecDecode-Bench's fixed batches) without
 speculation and with a chain of ``k`` MTP drafts at the published acceptance. The draft head's per-pass overhead is
-fitted to ONE published speedup, the smallest batch of each speculative series (batch 1: a ``fit`` row with a
+fitted to one published speedup, the smallest batch of each speculative series (batch 1: a ``fit`` row with a
 speedup); the simulated speedup (output throughput with / without) at every other batch is compared with the
 published one (``check`` rows), which no fit has seen.
 
