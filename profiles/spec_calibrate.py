@@ -107,6 +107,9 @@ class SpecCalibration:
     compute_half_tokens: float = field(default=64.0, metadata={
         "unit": "tokens of a pass at which its matrix multiplications reach half of compute",
         "identified by": "how speedup falls between batch 16 and 128 (verification of 64 to 512 tokens)"})
+    roofline_exponent: float = field(default=0.0, metadata={
+        "unit": "p of the smooth roofline (c^p + m^p)^(1/p) (0: max(c, m))",
+        "identified by": "the speedups at batch 64 beside 16 and 128 (verification of 256 tokens: the ridge point)"})
     bandwidth: float = field(default=0.85, metadata={"unit": "fraction of peak HBM bytes/s", "identified by": (
         "the single-request TPOT without speculation (vLLM #20780) and Fig. 4's batch-1 verification share")})
     pass_overhead_s: float = field(default=0.5e-3, metadata={"unit": "s per target pass", "identified by": (
@@ -132,7 +135,8 @@ class SpecCalibration:
     def efficiency(self) -> Efficiency:
         """The roofline's efficiencies and the target's per-pass overhead."""
         return replace(Efficiency(), compute=self.compute, bandwidth=self.bandwidth,
-                       compute_half_tokens=self.compute_half_tokens, overhead_fixed_s=self.pass_overhead_s,
+                       compute_half_tokens=self.compute_half_tokens, roofline_exponent=self.roofline_exponent,
+                       overhead_fixed_s=self.pass_overhead_s,
                        overhead_per_layer_s=0.0)
 
     def draft_efficiency(self, draft: Architecture) -> Efficiency:
@@ -513,11 +517,15 @@ def tpots_of(rows: list[dict[str, Any]], path: str) -> list[Tpot]:
 #: every step, a speculative step's extra work (fixed and per sequence) and the head's per-pass overhead. (SGLang's
 #: overlap scheduler, on without speculation and off with EAGLE, would hide a plain step's host work: a fit with the
 #: plain step's host work at 0 leaves every SGLang curve at batch 128 far below the published one, so it is not taken.)
-FITTED = {"vllm": ("compute", "bandwidth", "compute_half_tokens", "pass_overhead_s", "step_s", "step_per_seq_s",
-                   "spec_s", "ngram_per_seq_s", "head_pass_s", "draft_pass_s", "draft_pass_per_layer_s"),
+FITTED = {"vllm": ("compute", "bandwidth", "compute_half_tokens", "roofline_exponent", "pass_overhead_s", "step_s",
+                   "step_per_seq_s", "spec_s", "ngram_per_seq_s", "head_pass_s", "draft_pass_s",
+                   "draft_pass_per_layer_s"),
           "sglang": ("step_per_seq_s", "spec_s", "spec_per_seq_s", "head_pass_s")}
 #: Physical ranges: efficiencies in (0, 1], seconds >= 0 (and below 20 ms: an overhead larger than a 70B pass).
-BOUNDS = {"compute": (0.05, 1.0), "bandwidth": (0.05, 1.0), "compute_half_tokens": (0.0, 2048.0)}
+BOUNDS = {"compute": (0.05, 1.0), "bandwidth": (0.05, 1.0), "compute_half_tokens": (0.0, 2048.0),
+          "roofline_exponent": (2.0, 32.0)}
+#: Parameters a calibration written before them may lack (their default, the form without them, is then read).
+OPTIONAL = ("roofline_exponent",)
 SECONDS_BOUND = (0.0, 0.02)
 #: Fig. 4 is matched on its batch-1 rows (its larger batches are held out: the breakdown runs' lengths are not
 #: published, and beyond batch 1 the KV reads that depend on them dominate); weights of its shares and of a TPOT's log
@@ -574,8 +582,8 @@ class Fit:
             acceptance.setdefault(id(curve), {})[name] = float(value)
         return cal, acceptance
 
-    def _unit(self, name: str) -> float:
-        return getattr(SpecCalibration(), name)
+    def _unit(self, name: str) -> float:  # the scale a parameter is fitted in: its default (1 where that is 0)
+        return getattr(SpecCalibration(), name) or 1.0
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         ranges = [tuple(v / self._unit(n) for v in BOUNDS.get(n, SECONDS_BOUND)) for n in self.names]
@@ -970,7 +978,8 @@ def read_start(path: str) -> SpecCalibration:
 
     try:
         record = json.loads(meta_file(path).read_text())["calibration"]["spec_parameters"]
-        return SpecCalibration(**{f.name: float(record[f.name]["value"]) for f in fields(SpecCalibration)})
+        return SpecCalibration(**{f.name: float(record[f.name]["value"]) for f in fields(SpecCalibration)
+                                  if f.name in record or f.name not in OPTIONAL})
     except FileNotFoundError:
         raise UserError(f"--start {path}: file not found (a speculative calibrated profile's .meta.json)") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -94,6 +94,17 @@ def test_matmul_efficiency_grows_with_the_tokens_of_a_pass_and_zero_half_tokens_
     assert many.tolist() == pytest.approx(one, rel=1e-12)
 
 
+def test_the_smooth_roofline_costs_most_at_the_ridge_and_zero_is_the_hard_max():
+    from profiles.analytical import _roofline
+
+    bandwidth = H100.hbm_bandwidth * 0.5
+    hard, smooth = Efficiency(bandwidth=0.5), Efficiency(bandwidth=0.5, roofline_exponent=4.0)
+    assert _roofline(1e-3, 1e-3 * bandwidth, H100, hard) == 1e-3  # compute and memory seconds alike: max
+    assert _roofline(1e-3, 1e-3 * bandwidth, H100, smooth) == pytest.approx(1e-3 * 2 ** 0.25)  # 2^(1/p) max
+    assert _roofline(1e-3, 1e-5 * bandwidth, H100, smooth) == pytest.approx(1e-3, rel=1e-7)  # far from the ridge
+    assert "roofline_exponent" not in hard.record() and smooth.record()["roofline_exponent"] == 4.0
+
+
 def test_a_drafter_sharded_as_its_target_and_a_deployment_without_one():
     dep = Deployment("h100-80gb", "llama-3.1-70b", "llama-3.2-1b", 4, draft_tp=4)
     grid = Grid(batch_sizes=(1,), query_lens=(1,), context_lens=(128,), prefill_lens=())
