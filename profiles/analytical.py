@@ -200,11 +200,16 @@ class Efficiency:
     is ``compute x T / (T + T_half)`` (:func:`matmul_seconds`); 0: ``compute`` at every T (every profile made before
     speculative calibration, and the shipped analytical ones)."""
 
+    roofline_exponent: float = 0.0
+    """p of the smooth roofline ``(compute_s^p + memory_s^p)^(1/p)`` (:func:`_roofline`); 0: the hard
+    ``max(compute_s, memory_s)`` (every profile made before speculative calibration, and the shipped analytical
+    ones)."""
+
     def record(self) -> dict[str, float]:
-        """The fields as a profile's metadata records them; ``compute_half_tokens`` only where it is set (0, a constant
-        efficiency, is what a profile without it means: the metadata of every profile made before it stays as it
+        """The fields as a profile's metadata records them; ``compute_half_tokens`` and ``roofline_exponent`` only
+        where set (0 is what a profile without them means: the metadata of every profile made before them stays as it
         was)."""
-        return {k: v for k, v in asdict(self).items() if k != "compute_half_tokens" or v}
+        return {k: v for k, v in asdict(self).items() if k not in ("compute_half_tokens", "roofline_exponent") or v}
 
 
 #: Where the :class:`Efficiency` defaults come from (recorded in each profile's metadata).
@@ -262,8 +267,15 @@ def matmul_seconds(flops: Any, tokens: Any, gpu: GPU, eff: Efficiency) -> Any:
 
 def _roofline(compute_s: Any, bytes_moved: Any, gpu: GPU, eff: Efficiency) -> Any:
     """max(compute seconds, bytes / (bandwidth x efficiency)): elementwise for arrays (a pass priced at many
-    contexts or query lengths at once), Python's max for numbers."""
+    contexts or query lengths at once), Python's max for numbers. With ``eff.roofline_exponent`` p > 0 the smooth
+    roofline (c^p + m^p)^(1/p) instead: a kernel near the ridge point (compute and memory seconds alike) reaches
+    neither peak while it overlaps the two, 2^(1/p) x max(c, m) where they are equal, max far from it (the
+    hard max assumes both peaks at once; a p of 2-4 is the usual shape of measured GEMM throughput against
+    arithmetic intensity)."""
     memory_s = bytes_moved / (gpu.hbm_bandwidth * eff.bandwidth)
+    if eff.roofline_exponent:
+        p = eff.roofline_exponent
+        return (compute_s ** p + memory_s ** p) ** (1.0 / p)
     if isinstance(compute_s, np.ndarray) or isinstance(memory_s, np.ndarray):
         return np.maximum(compute_s, memory_s)
     return max(compute_s, memory_s)

@@ -94,6 +94,17 @@ def test_matmul_efficiency_grows_with_the_tokens_of_a_pass_and_zero_half_tokens_
     assert many.tolist() == pytest.approx(one, rel=1e-12)
 
 
+def test_the_smooth_roofline_costs_most_at_the_ridge_and_zero_is_the_hard_max():
+    from profiles.analytical import _roofline
+
+    bandwidth = H100.hbm_bandwidth * 0.5
+    hard, smooth = Efficiency(bandwidth=0.5), Efficiency(bandwidth=0.5, roofline_exponent=4.0)
+    assert _roofline(1e-3, 1e-3 * bandwidth, H100, hard) == 1e-3  # compute and memory seconds alike: max
+    assert _roofline(1e-3, 1e-3 * bandwidth, H100, smooth) == pytest.approx(1e-3 * 2 ** 0.25)  # 2^(1/p) max
+    assert _roofline(1e-3, 1e-5 * bandwidth, H100, smooth) == pytest.approx(1e-3, rel=1e-7)  # far from the ridge
+    assert "roofline_exponent" not in hard.record() and smooth.record()["roofline_exponent"] == 4.0
+
+
 def test_a_drafter_sharded_as_its_target_and_a_deployment_without_one():
     dep = Deployment("h100-80gb", "llama-3.1-70b", "llama-3.2-1b", 4, draft_tp=4)
     grid = Grid(batch_sizes=(1,), query_lens=(1,), context_lens=(128,), prefill_lens=())
@@ -245,16 +256,16 @@ def test_an_engine_is_fitted_to_a_small_published_table_and_reproduces_it(tmp_pa
     assert run_sim.main(["calibrate", "--published", str(path), "--breakdown", "none", "--max-evals", "12",
                          "--out-dir", str(tmp_path), "--table", str(tmp_path / "fit.csv")]) == 0
     out = capsys.readouterr().out
-    assert "8 points, 5 held out" in out  # the replayed curve's batch 1 and both curves' 16 and 64
+    assert "8 points, 3 held out" in out  # the replayed curve's batch 1 and both curves' 16
     meta = json.loads((tmp_path / "h100-80gb-vllm0.10__llama-3.1-8b__eagle3-llama-3.1-8b.meta.json").read_text())
     block = meta["calibration"]
     assert block["engine"] == "vllm" and block["draft_extend"] == "accepted" and meta["draft_extend"] == "accepted"
     assert set(block["spec_parameters"]) == {f for f in sc.SpecCalibration.__dataclass_fields__}
     assert 1 < block["acceptance"]["eagle3 k=3 gsm8k"]["acceptance_length"] <= 4
-    assert [p["status"] for p in block["points"]] == ["fitted: acceptance length", "held out", "held out", "fitted"]
+    assert [p["status"] for p in block["points"]] == ["fitted: acceptance length", "held out", "fitted", "fitted"]
     ngram = json.loads((tmp_path / "h100-80gb-vllm0.10__llama-3.1-8b__ngram.meta.json").read_text())["calibration"]
     assert ngram["acceptance"] == {"ngram k=3 gsm8k": "replayed: ngram"}
-    assert [p["status"] for p in ngram["points"]] == ["held out", "held out", "held out", "fitted"]
+    assert [p["status"] for p in ngram["points"]] == ["held out", "held out", "fitted", "fitted"]
     assert run_sim.main(["calibrate", "--published", str(path), "--out-dir", str(tmp_path), "--reproduce",
                          "--table", str(tmp_path / "again.csv")]) == 0
     fitted, again = pd.read_csv(tmp_path / "fit.csv"), pd.read_csv(tmp_path / "again.csv")
@@ -302,11 +313,16 @@ def test_sglang_chains_take_the_acceptance_vllm_inferred_for_the_same_drafter(tm
 
 
 def test_the_twin_prices_as_the_profile_does():
-    """The fit's vectorised twin and the profile's interpolated path agree on a replayed and an inferred curve."""
+    """The fit's vectorised twin and the profile's interpolated path agree on a replayed curve (n-gram) and one of
+    inferred acceptance (EAGLE, its acceptance length given here)."""
     benches = {"gsm8k": sc.Bench.load("gsm8k")}
     rows = [r for r in read_published(str(BENCH / "fig1_speedup.csv")) if r["dataset"] == "gsm8k"]
     curves = [c for c in sc.curves_of(rows, "fig1", benches)
               if c.setup.model == "meta-llama/Llama-3.1-8B-Instruct" and c.setup.method in ("eagle", "ngram")]
+    assert sorted((c.setup.method, c.trace is None) for c in curves) == [("eagle", True), ("ngram", False)]
+    for curve in curves:
+        if curve.trace is None:
+            curve.acceptance = {"acceptance_length": 2.4}
     cal = sc.SpecCalibration()
     fit = sc.Fit("vllm", curves, [], [], benches, cal, (1, 128))
     twin = fit.predict(cal, {})
