@@ -42,7 +42,8 @@ DATA = Path(__file__).resolve().parents[2] / "profiles" / "data"
 CHUNKED = {"scheduler": "chunked-prefill", "max_num_batched_tokens": 8192}
 #: What a panel's fit could not identify, said beside its engine.
 SPEEDUPS_ONLY = {"SGLang 0.5": "\n   SGLang's published runs are speed-ups only: its absolute step times, and so its "
-                               "saturation rate, are not identified (its per-sequence host time fitted 5.7x vLLM's); "
+                               "saturation rate, are not identified (its per-sequence host time fitted several times "
+                               "vLLM's); "
                                "read its rates as fractions of its own saturation"}
 #: (panel name, profile, the fields it runs with) of the demo: one engine per panel (module docstring).
 DEMO_PROFILES = [
