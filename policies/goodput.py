@@ -196,6 +196,8 @@ class Goodput(Policy):
         """Token trees (``fast_trees``): the batch's expected tokens by shape, by (rate, batch size, k_max)."""
         self._tree_terms: dict[tuple[int, int, int], np.ndarray] = {}
         """Token trees (``fast_trees``): n x log P(a | shape(k)) by (k, a, n) (:meth:`_observe_shared`)."""
+        self._tree_scale: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        """Token trees (``fast_trees``): 1 - w and w at each grid rate, and a buffer (:meth:`_observe_shared`)."""
 
     # --- estimates ------------------------------------------------------------------------------
     @property
@@ -323,7 +325,10 @@ class Goodput(Policy):
     def observe_plain(self, proposed: list[int], accepted: list[int]) -> None:
         """:meth:`observe` of a step's proposals and acceptances as lists (only while :attr:`steps_plain`)."""
         if self._tree is not None:
-            self._observe_tree(proposed, accepted, None)
+            if not self.fast_trees:
+                self._observe_tree(proposed, accepted, None)
+            elif any(proposed):  # _observe_tree's (speed shortcut, see fast_trees)
+                self._observe_shared(proposed, accepted)
             return
         if not any(proposed):
             return
@@ -387,7 +392,7 @@ class Goodput(Policy):
         else:
             rate = self._global[0] / self._global[1]
             key = (batch, k_max, draft_cost, None) if self.spans else None  # (speed shortcut, see spans)
-            if key is not None and cost_model is self._priced_on:  # _spanned, written out
+            if key is not None and cost_model is self._priced_on:  # a kept span that holds the rate and context
                 for low, high, lo, hi, k in self._spans.get(key, ()):
                     if low <= rate <= high and lo <= context_tokens <= hi:
                         self._last_k = k
@@ -443,14 +448,6 @@ class Goodput(Policy):
         return best
 
     # --- decision spans (speed shortcut, see ``spans``) ------------------------------------------------------------
-    def _spanned(self, key: tuple, rate: float, context: int, cost_model: Any) -> bool:
-        """Whether a kept span of ``key`` holds ``rate`` and ``context`` (then ``_last_k`` is set to its decision)."""
-        for low, high, lo, hi, k in self._spans.get(key, ()) if cost_model is self._priced_on else ():
-            if low <= rate <= high and lo <= context <= hi:
-                self._last_k = k
-                return True
-        return False
-
     def _new_span(self, key: tuple, price: UniformPricer | UniformTreePricer, context: int, seconds: list[float],
                   ranges: list[tuple[float, float, list[list[float]], list[tuple]]]) -> None:
         """Look for a span around the decision just made (``_last_k``, over ``context`` tokens of context, ``seconds``
@@ -586,6 +583,8 @@ class Goodput(Policy):
             self._tree = _TreeBelief(family)
             self._tree_loglik = self._tree.prior(self.alpha_init)
             self._tree_by_request, self._tree_totals, self._tree_terms = {}, {}, {}
+            w = self.ema_weight
+            self._tree_scale = (np.full(GRID, 1 - w), np.full(GRID, w), np.empty(GRID))
         return self._tree
 
     def _decide_tree(self, view: BatchView) -> None:
@@ -613,12 +612,16 @@ class Goodput(Policy):
     def _decide_tree_uniform(self, batch: int, context_tokens: int, cost_model: Any, max_k: int, draft_cost: bool,
                              tree: TreeFamily) -> None:
         """:meth:`_decide_tree` of one shape for the batch from the global estimate, from what it reads of the view."""
-        self._belief(tree)
-        k_max = min(self.k, max_k)
+        if self._tree is None or self._tree.family is not tree:
+            self._belief(tree)
+        k_max = self.k if self.k < max_k else max_k
         at = int(self._tree_loglik.argmax())  # the grid rate's index: tree_rate's rate
         key = (batch, k_max, draft_cost, tree, at)
-        if self.spans and self._spanned(key, at, context_tokens, cost_model):  # (speed shortcut, see spans)
-            return
+        if self.spans and cost_model is self._priced_on:  # (speed shortcut, see spans) a kept span holding them
+            for low, high, lo, hi, k in self._spans.get(key, ()):
+                if low <= at <= high and lo <= context_tokens <= hi:
+                    self._last_k = k
+                    return
         totals = self._tree_tokens(at, batch, k_max)
         price = self._pricer(cost_model, batch, k_max, draft_cost, tree)
         seconds = price(context_tokens)
@@ -698,35 +701,36 @@ class Goodput(Policy):
     def _observe_shared(self, proposed: list[int], accepted: list[int]) -> None:
         """:meth:`_observe_tree` of the global estimate (speed shortcut, see ``fast_trees``): the same arithmetic on the
         policy's own array, in place: times 1 - w, plus w x the sum over the step's outcomes (k, a), k > 0, in the
-        order first seen, of their count n x log P(a | shape(k)), each such product kept once worked out."""
+        order first seen, of their count n x log P(a | shape(k)), each such product kept once worked out. The sum is
+        added up in a buffer and the products by 1 - w and w are by arrays of those numbers (each element's product is
+        the same double as by the scalar; numpy multiplies by an array faster)."""
         k = proposed[0]
         if proposed.count(k) == len(proposed):  # one shape for everyone (the common step): its lengths' counts
             seen = [(k, a, accepted.count(a)) for a in dict.fromkeys(accepted)]
         else:
             seen = [(*ka, n) for ka, n in Counter(zip(proposed, accepted)).items() if ka[0]]
         # sum() adds the terms to 0 first; 0 + x is x bit for bit but for x = -0.0, which no term is (n >= 1 times a
-        # log-likelihood log(p), p > 0): so the sum from the first term, in place once it is a new array
-        w, total, fresh = self.ema_weight, None, False
+        # log-likelihood log(p), p > 0): so the sum from the first term
+        terms, (keep, scale, total) = self._tree_terms, self._tree_scale
+        first = None
         for key in seen:
-            term = self._tree_terms.get(key)
+            term = terms.get(key)
             if term is None:
                 k, a, n = key
                 term = n * self._tree.loglik[k, a]
-                if len(self._tree_terms) < TERMS_KEPT:
-                    self._tree_terms[key] = term
-            if total is None:
-                total = term
-            elif fresh:
-                total += term
+                if len(terms) < TERMS_KEPT:
+                    terms[key] = term
+            if first is None:
+                first = term
+            elif first is not total:
+                np.add(first, term, total)
+                first = total
             else:
-                total, fresh = total + term, True
-        if fresh:
-            total *= w
-        else:  # one term: a kept array, not to be changed
-            total = w * total
+                np.add(total, term, total)
+        np.multiply(first, scale, total)  # w x the sum (out= given by position: faster)
         own = self._tree_loglik  # the policy's own array (the prior's, then updated here only)
-        own *= 1 - w
-        own += total
+        np.multiply(own, keep, own)
+        np.add(own, total, own)
 
 
 def _group_sizes(n: int) -> list[int]:

@@ -472,9 +472,8 @@ class DecodeRuns:
         rids, ctx0, left0, blocks0 = self.rid, self.ctx, self.left, self.blocks
         batch = len(rids)
         horizon = min(budget, self.free_blocks // (most * batch))  # steps that surely fit
-        propose, observe, draw = policy.propose_plain, policy.observe_plain, self.acceptance.draw_list
-        if self.tree is not None:  # token trees: the policy told the family, drawn as _apply_decode draws them
-            propose, draw = partial(propose, tree=self.tree), partial(self.acceptance.draw_tree, family=self.tree)
+        propose, observe, draw, tree = policy.propose_plain, policy.observe_plain, self.acceptance.draw_list, self.tree
+        draw_tree = self.acceptance.draw_tree  # token trees: the policy told the family, drawn as _apply_decode draws
         match, take = spec.ngram_match_prob, self._match.take
         target, overhead_of = engine_cost.target_time, overhead_pricer(engine_cost, batch)
         steps, context, left, remaining = 0, sum(ctx0), left0, sum(left0)
@@ -484,7 +483,8 @@ class DecodeRuns:
         pricers: dict[int, Any] = {}
         spent = self.load.seconds[batch]
         while True:
-            proposed = propose(batch, context, cost, max_k, draft)
+            proposed = propose(batch, context, cost, max_k, draft) if tree is None else \
+                propose(batch, context, cost, max_k, draft, tree)
             if not draft and any(proposed):  # the n-gram lookups' misses, as _plain_run draws them
                 proposed = [k if u < match else 0 for k, u in zip(proposed, take(batch))]
             k = proposed[0]
@@ -503,7 +503,7 @@ class DecodeRuns:
             clock += seconds  # as SimPy adds the step's timeout
             spent += seconds
             if k or not uniform:  # someone proposes
-                accepted = draw(rids, proposed)
+                accepted = draw(rids, proposed) if tree is None else draw_tree(rids, proposed, tree)
                 before, left = left, [t - a - 1 if a < t else 0 for a, t in zip(accepted, left)]  # t - min(a + 1, t)
                 if uniform:
                     spec_steps, spec_proposed = spec_steps + 1, spec_proposed + k
