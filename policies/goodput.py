@@ -73,6 +73,7 @@ from __future__ import annotations
 import math
 import sys
 from collections import Counter
+from collections.abc import Callable
 from functools import reduce
 from itertools import repeat
 from operator import add, lt
@@ -183,6 +184,8 @@ class Goodput(Policy):
         """Decision spans (``spans``): the latest (lowest rate, highest rate, lowest context total, highest, k) by
         (batch size, k_max, draft_cost, family or None, and a tree's grid rate as its index), on ``_priced_on``; a
         tree's rates are indices of the grid, its span kept under the key of each."""
+        self._held: tuple[float, float, int, int, int] | None = None
+        """The kept span the last decision was read from (set there; :meth:`plain_stepper` clears it before asking)."""
         self._span_wait: dict[tuple, tuple[int, int]] = {}
         """Decision spans: by key, after searches that found none, (decisions still to wait before the next search,
         the wait last set) (:meth:`_new_span`)."""
@@ -292,6 +295,59 @@ class Goodput(Policy):
                 self._idle += 1
         return out
 
+    def plain_stepper(self, batch: int, cost_model: Any, max_k: int, draft_cost: bool,
+                      tree: TreeFamily | None = None) -> Callable[[list[int] | None, list[int] | None, int], list[int]] | None:
+        """``step(proposed, accepted, context_tokens)``: :meth:`observe_plain` of a step of ``batch`` requests (none
+        when ``proposed`` is None), then :meth:`propose_plain` of the next over ``context_tokens`` tokens of context,
+        the other arguments these (only while :attr:`steps_plain`; what a run of steps of one batch asks); None where
+        it would be no more than that (the caller then tells and asks).
+
+        Speed shortcut (switched by :attr:`held`): while the kept span (``spans``) the last decision was read from
+        holds the estimate (a tree's grid rate) and the context total, the decision is its k again, as every span that
+        holds them gives the decision pricing would (:meth:`_span`), and the proposal is made without looking it up; a
+        chain's estimate (``estimator=tokens``) is updated here, :meth:`observe_plain`'s arithmetic in its order. The
+        same proposals and state changes, bit for bit (``tests/test_fast_paths.py``)."""
+        k_max = self.k if self.k < max_k else max_k
+        if not (self.held and self.spans and self.every == 1 and k_max > 0):  # a decision every step, k > 0 possible
+            return None
+        observe, propose = self.observe_plain, self.propose_plain
+        args = (cost_model, max_k, draft_cost) if tree is None else (cost_model, max_k, draft_cost, tree)
+        trees, pair, held = tree is not None and not tree.is_chain, self._global, None
+        w = self.ema_weight
+        keep, inline = 1 - w, not trees and self._tree is None and self.estimator == "tokens"
+
+        def step(proposed: list[int] | None, accepted: list[int] | None, context_tokens: int) -> list[int]:
+            nonlocal held
+            if proposed is None:
+                pass
+            elif not inline:
+                observe(proposed, accepted)
+            elif any(proposed):  # observe_plain's update of a chain's estimate (tokens), written out
+                hits = float(sum(accepted))
+                trials = hits + float(sum(map(lt, accepted, proposed)))
+                pair[0] = keep * pair[0] + w * hits
+                pair[1] = keep * pair[1] + w * trials
+            if held is not None:  # propose_plain's decision and bookkeeping where the held span holds (k > 0)
+                low, high, lo, hi, k = held
+                rate = int(self._tree_loglik.argmax()) if trees else pair[0] / pair[1]  # as the decisions read it
+                if low <= rate <= high and lo <= context_tokens <= hi:
+                    self._last_k = k
+                    self._steps += 1
+                    if self.probe:
+                        self._idle = 0
+                    return [k if k < k_max else k_max] * batch
+            self._held = None
+            out = propose(batch, context_tokens, *args)
+            held = self._held if self._last_k else None  # (a decision of k = 0 leaves probes to propose_plain)
+            return out
+
+        return step
+
+    held = True
+    """Speed shortcut, switched here in one place: :meth:`plain_stepper` proposes from the span the last decision was
+    read from while it holds (see there); the same proposals bit for bit (``tests/test_fast_paths.py`` runs both).
+    False: no stepper (:meth:`observe_plain` then :meth:`propose_plain`)."""
+
     def observe(self, outcome: StepOutcome) -> None:
         if self._tree is not None:
             self._observe_tree(outcome.proposed.tolist(), outcome.accepted.tolist(), outcome.request_ids.tolist())
@@ -393,9 +449,10 @@ class Goodput(Policy):
             rate = self._global[0] / self._global[1]
             key = (batch, k_max, draft_cost, None) if self.spans else None  # (speed shortcut, see spans)
             if key is not None and cost_model is self._priced_on:  # a kept span that holds the rate and context
-                for low, high, lo, hi, k in self._spans.get(key, ()):
+                for span in self._spans.get(key, ()):
+                    low, high, lo, hi, k = span
                     if low <= rate <= high and lo <= context_tokens <= hi:
-                        self._last_k = k
+                        self._last_k, self._held = k, span
                         return
             accept = [rate] * k_max
         price = self._pricer(cost_model, batch, k_max, draft_cost)
@@ -618,9 +675,10 @@ class Goodput(Policy):
         at = int(self._tree_loglik.argmax())  # the grid rate's index: tree_rate's rate
         key = (batch, k_max, draft_cost, tree, at)
         if self.spans and cost_model is self._priced_on:  # (speed shortcut, see spans) a kept span holding them
-            for low, high, lo, hi, k in self._spans.get(key, ()):
+            for span in self._spans.get(key, ()):
+                low, high, lo, hi, k = span
                 if low <= at <= high and lo <= context_tokens <= hi:
-                    self._last_k = k
+                    self._last_k, self._held = k, span
                     return
         totals = self._tree_tokens(at, batch, k_max)
         price = self._pricer(cost_model, batch, k_max, draft_cost, tree)

@@ -467,13 +467,14 @@ class DecodeRuns:
           (tokens emitted) - steps + [a >= t in the last step] (a step without a proposal accepts 0 = e - 1).
         """
         spec, policy = self.spec, self.policy
-        cost, engine_cost, max_k, bs = self.policy_cost, self.cost, spec.max_k, spec.block_size
+        engine_cost, max_k, bs = self.cost, spec.max_k, spec.block_size
         draft = spec.draft_proposer
         rids, ctx0, left0, blocks0 = self.rid, self.ctx, self.left, self.blocks
         batch = len(rids)
         horizon = min(budget, self.free_blocks // (most * batch))  # steps that surely fit
-        propose, observe, draw, tree = policy.propose_plain, policy.observe_plain, self.acceptance.draw_list, self.tree
+        observe, draw, tree = policy.observe_plain, self.acceptance.draw_list, self.tree
         draw_tree = self.acceptance.draw_tree  # token trees: the policy told the family, drawn as _apply_decode draws
+        step = self._stepper(batch)  # told a step, asked the next
         match, take = spec.ngram_match_prob, self._match.take
         target, overhead_of = engine_cost.target_time, overhead_pricer(engine_cost, batch)
         steps, context, left, remaining = 0, sum(ctx0), left0, sum(left0)
@@ -482,9 +483,9 @@ class DecodeRuns:
         own_proposed = own_steps = None  # per request, over the steps of unequal proposals
         pricers: dict[int, Any] = {}
         spent = self.load.seconds[batch]
+        asked = step(None, None, context)
         while True:
-            proposed = propose(batch, context, cost, max_k, draft) if tree is None else \
-                propose(batch, context, cost, max_k, draft, tree)
+            proposed = asked
             if not draft and any(proposed):  # the n-gram lookups' misses, as _plain_run draws them
                 proposed = [k if u < match else 0 for k, u in zip(proposed, take(batch))]
             k = proposed[0]
@@ -515,11 +516,12 @@ class DecodeRuns:
             else:  # nobody proposes: every request emits one token
                 accepted, before, left = proposed, left, [t - 1 for t in left]
             recent.append((before, proposed))
-            observe(proposed, accepted)
             steps += 1
             if 0 in left or clock >= arrival or steps >= horizon:
+                observe(proposed, accepted)
                 break
             context, remaining = context + remaining - (now := sum(left)), now
+            asked = step(proposed, accepted, context)
         emitted = self._settle(ctx0, left0, left)
         blocks, low, j = blocks0, min(proposed), len(recent)
         for before_j, proposed_j in recent:  # each step reserved max(b, ceil((c + k + 1) / bs)) over its context c
@@ -539,6 +541,24 @@ class DecodeRuns:
         self.load.carried(batch, spent, steps, spec_proposed * batch + (sum(own_proposed) if own_proposed else 0))
         self.rec.num_steps += steps
         return clock, steps
+
+    def _stepper(self, batch: int):
+        """``step(proposed, accepted, context_tokens)`` of :meth:`_adaptive_steps` over ``batch`` requests: the policy
+        told a step's proposals and acceptances (none when ``proposed`` is None), then asked the next step's proposals
+        over ``context_tokens`` tokens of context; the policy's own (``plain_stepper``) where it gives one."""
+        policy, spec = self.policy, self.spec
+        args = (self.policy_cost, spec.max_k, spec.draft_proposer) + (() if self.tree is None else (self.tree,))
+        stepper = getattr(policy, "plain_stepper", None)
+        if stepper is not None and (step := stepper(batch, *args)) is not None:
+            return step
+        observe, propose = policy.observe_plain, policy.propose_plain
+
+        def step(proposed: list[int] | None, accepted: list[int] | None, context_tokens: int) -> list[int]:
+            if proposed is not None:
+                observe(proposed, accepted)
+            return propose(batch, context_tokens, *args)
+
+        return step
 
     def _uniform(self, asked: list[int]) -> bool:
         """Whether :meth:`_uniform_run` may take a stationary policy's proposal ``asked``: one k for everyone, no n-gram
