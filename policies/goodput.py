@@ -184,8 +184,9 @@ class Goodput(Policy):
         """Decision spans (``spans``): the latest (lowest rate, highest rate, lowest context total, highest, k) by
         (batch size, k_max, draft_cost, family or None, and a tree's grid rate as its index), on ``_priced_on``; a
         tree's rates are indices of the grid, its span kept under the key of each."""
-        self._held: tuple[float, float, int, int, int] | None = None
-        """The kept span the last decision was read from (set there; :meth:`plain_stepper` clears it before asking)."""
+        self._held: tuple[tuple, tuple[float, float, int, int, int]] | None = None
+        """The kept span the latest decision read from one was read from, with its key's (batch size, k_max,
+        draft_cost, family or None) (:meth:`plain_stepper`; it clears it before asking)."""
         self._span_wait: dict[tuple, tuple[int, int]] = {}
         """Decision spans: by key, after searches that found none, (decisions still to wait before the next search,
         the wait last set) (:meth:`_new_span`)."""
@@ -312,7 +313,17 @@ class Goodput(Policy):
             return None
         observe, propose = self.observe_plain, self.propose_plain
         args = (cost_model, max_k, draft_cost) if tree is None else (cost_model, max_k, draft_cost, tree)
-        trees, pair, held = tree is not None and not tree.is_chain, self._global, None
+        trees, pair = tree is not None and not tree.is_chain, self._global
+        mine = (batch, k_max, draft_cost, tree if trees else None)  # the key of the spans its decisions read
+
+        def holding() -> tuple[float, float, int, int, int] | None:
+            """The span the latest decision read from one was read from, if it is of these steps' key (on this cost
+            model) and its k > 0 (a decision of k = 0 leaves probes to propose_plain)."""
+            found = self._held
+            return found[1] if (found is not None and found[0] == mine and found[1][4] and cost_model is self._priced_on
+                                ) else None
+
+        held = holding()  # (one read by an earlier stretch of steps of this batch serves)
         w = self.ema_weight
         keep, inline = 1 - w, not trees and self._tree is None and self.estimator == "tokens"
 
@@ -338,7 +349,7 @@ class Goodput(Policy):
                     return [k if k < k_max else k_max] * batch
             self._held = None
             out = propose(batch, context_tokens, *args)
-            held = self._held if self._last_k else None  # (a decision of k = 0 leaves probes to propose_plain)
+            held = holding()
             return out
 
         return step
@@ -452,7 +463,7 @@ class Goodput(Policy):
                 for span in self._spans.get(key, ()):
                     low, high, lo, hi, k = span
                     if low <= rate <= high and lo <= context_tokens <= hi:
-                        self._last_k, self._held = k, span
+                        self._last_k, self._held = k, (key, span)
                         return
             accept = [rate] * k_max
         price = self._pricer(cost_model, batch, k_max, draft_cost)
@@ -678,7 +689,7 @@ class Goodput(Policy):
             for span in self._spans.get(key, ()):
                 low, high, lo, hi, k = span
                 if low <= at <= high and lo <= context_tokens <= hi:
-                    self._last_k, self._held = k, span
+                    self._last_k, self._held = k, (key[:-1], span)
                     return
         totals = self._tree_tokens(at, batch, k_max)
         price = self._pricer(cost_model, batch, k_max, draft_cost, tree)
