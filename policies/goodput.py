@@ -114,6 +114,8 @@ TERMS_KEPT = 4096
 """Most products n x log P(a | shape(k)) (GRID floats each, 1.6 kB) a goodput policy keeps over token trees
 (``Goodput.fast_trees``): (k, a, n) for k nodes, a accepted, n requests; a run meets a few hundred."""
 ESTIMATORS = ("tokens", "ratio")
+Stepper = Callable[[list[int] | None, list[int] | None, int], list[int]]
+"""``step(proposed, accepted, context_tokens)`` of :meth:`Goodput.plain_stepper`: the next step's proposals."""
 
 
 def expected_tokens(accept: np.ndarray) -> np.ndarray:
@@ -185,8 +187,8 @@ class Goodput(Policy):
         (batch size, k_max, draft_cost, family or None, and a tree's grid rate as its index), on ``_priced_on``; a
         tree's rates are indices of the grid, its span kept under the key of each."""
         self._held: tuple[tuple, tuple[float, float, int, int, int]] | None = None
-        """The kept span the latest decision read from one was read from, with its key's (batch size, k_max,
-        draft_cost, family or None) (:meth:`plain_stepper`; it clears it before asking)."""
+        """The latest decision read from a kept span: (its key's batch size, k_max, draft_cost and family or None; the
+        span) (:meth:`plain_stepper`, which clears it before asking)."""
         self._span_wait: dict[tuple, tuple[int, int]] = {}
         """Decision spans: by key, after searches that found none, (decisions still to wait before the next search,
         the wait last set) (:meth:`_new_span`)."""
@@ -297,7 +299,7 @@ class Goodput(Policy):
         return out
 
     def plain_stepper(self, batch: int, cost_model: Any, max_k: int, draft_cost: bool,
-                      tree: TreeFamily | None = None) -> Callable[[list[int] | None, list[int] | None, int], list[int]] | None:
+                      tree: TreeFamily | None = None) -> Stepper | None:
         """``step(proposed, accepted, context_tokens)``: :meth:`observe_plain` of a step of ``batch`` requests (none
         when ``proposed`` is None), then :meth:`propose_plain` of the next over ``context_tokens`` tokens of context,
         the other arguments these (only while :attr:`steps_plain`; what a run of steps of one batch asks); None where
@@ -313,11 +315,11 @@ class Goodput(Policy):
             return None
         observe, propose = self.observe_plain, self.propose_plain
         args = (cost_model, max_k, draft_cost) if tree is None else (cost_model, max_k, draft_cost, tree)
-        trees, pair = tree is not None and not tree.is_chain, self._global
+        trees = tree is not None and not tree.is_chain
         mine = (batch, k_max, draft_cost, tree if trees else None)  # the key of the spans its decisions read
 
         def holding() -> tuple[float, float, int, int, int] | None:
-            """The span the latest decision read from one was read from, if it is of these steps' key (on this cost
+            """The span of the latest decision read from a kept span, if it is of these steps' key (on this cost
             model) and its k > 0 (a decision of k = 0 leaves probes to propose_plain)."""
             found = self._held
             return found[1] if (found is not None and found[0] == mine and found[1][4] and cost_model is self._priced_on
@@ -329,6 +331,7 @@ class Goodput(Policy):
 
         def step(proposed: list[int] | None, accepted: list[int] | None, context_tokens: int) -> list[int]:
             nonlocal held
+            pair = self._global  # (read each step: a fleet's replica may put back a copy of the policy's state)
             if proposed is None:
                 pass
             elif not inline:

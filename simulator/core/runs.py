@@ -113,7 +113,8 @@ draws, decisions and stopping points as the loop of :meth:`DecodeRuns._plain_run
 KEPT_PRICERS = True
 """Speed shortcut, switched here in one place: the engine keeps the pricer of a uniform step by (batch size, k)
 (:meth:`DecodeRuns._uniform_pricer`; its cost model, tree family and proposer are the engine's, fixed for its life)
-rather than building one for every stretch of steps; the same function, so the same seconds and warnings
+rather than building one for every stretch of steps; the same function, so the same seconds and warnings; and the
+policy's stepper by batch size (:meth:`DecodeRuns._stepper`), whose proposals are those of a new one
 (``tests/test_fast_paths.py`` runs both). False: built each time."""
 
 
@@ -170,6 +171,9 @@ class DecodeRuns:
 
     _step_prices: dict[tuple[int, int], Any]
     """The pricers of uniform steps by (batch size, k) (:data:`KEPT_PRICERS`; set by the engine)."""
+
+    _steppers: dict[int, Any]
+    """The policy's steppers by batch size (:data:`KEPT_PRICERS`; set by the engine)."""
 
     def _run_clock(self) -> float:
         """The clock a run of steps starts from: now (a fleet's replica planning a run again returns its start)."""
@@ -545,11 +549,16 @@ class DecodeRuns:
     def _stepper(self, batch: int):
         """``step(proposed, accepted, context_tokens)`` of :meth:`_adaptive_steps` over ``batch`` requests: the policy
         told a step's proposals and acceptances (none when ``proposed`` is None), then asked the next step's proposals
-        over ``context_tokens`` tokens of context; the policy's own (``plain_stepper``) where it gives one."""
+        over ``context_tokens`` tokens of context; the policy's own (``plain_stepper``) where it gives one, kept by batch
+        size (:data:`KEPT_PRICERS`: its other arguments are the engine's, fixed for its life)."""
+        if KEPT_PRICERS and (kept := self._steppers.get(batch)) is not None:  # (speed shortcut, tested)
+            return kept
         policy, spec = self.policy, self.spec
         args = (self.policy_cost, spec.max_k, spec.draft_proposer) + (() if self.tree is None else (self.tree,))
         stepper = getattr(policy, "plain_stepper", None)
         if stepper is not None and (step := stepper(batch, *args)) is not None:
+            if KEPT_PRICERS:
+                self._steppers[batch] = step
             return step
         observe, propose = policy.observe_plain, policy.propose_plain
 
