@@ -646,7 +646,9 @@ def test_a_goodput_stepper_is_observe_then_propose(trees, params):
     """Goodput.plain_stepper (a decision read from the span that held the last one while it holds; a chain's estimate
     updated in the stepper) against observe_plain then propose_plain, driven by hand over stretches of steps of one
     batch whose contexts grow and whose acceptance changes, so that spans are left: the same proposals every step and
-    the same state after; most steps are proposed from a held span."""
+    the same state after; most steps are proposed from a held span. Steppers are kept by batch size, as the engine
+    keeps them, and before each stretch the policy's lists, dicts and arrays are put back as copies, as a fleet's
+    replica puts back its state when it plans a run again."""
     cost = load_cost_model(PROFILE)
     family = _family() if trees else None
     seen, asked = {}, []
@@ -656,11 +658,13 @@ def test_a_goodput_stepper_is_observe_then_propose(trees, params):
         policy = Goodput(7, **params)
         propose = policy.propose_plain
         policy.propose_plain = lambda *args: asked.append(stepper) or propose(*args)  # (counted)
-        proposals = []
+        proposals, steppers = [], {}
         for stretch in range(60):
             batch, context = int(rng.integers(1, 4)), int(rng.integers(100, 4000))
             model, rids = models[(stretch // 12) % 2], list(range(batch))  # acceptance that changes
-            step = policy.plain_stepper(batch, cost, 7, True, family) if stepper else None
+            vars(policy).update({name: value.copy() for name, value in vars(policy).items()
+                                 if isinstance(value, (list, dict, set, np.ndarray))})
+            step = steppers.setdefault(batch, policy.plain_stepper(batch, cost, 7, True, family)) if stepper else None
             proposed = accepted = None
             for _ in range(int(rng.integers(1, 150))):
                 if step is not None:
