@@ -73,6 +73,7 @@ from __future__ import annotations
 import math
 import sys
 from collections import Counter
+from collections.abc import Callable
 from functools import reduce
 from itertools import repeat
 from operator import add, lt
@@ -113,6 +114,8 @@ TERMS_KEPT = 4096
 """Most products n x log P(a | shape(k)) (GRID floats each, 1.6 kB) a goodput policy keeps over token trees
 (``Goodput.fast_trees``): (k, a, n) for k nodes, a accepted, n requests; a run meets a few hundred."""
 ESTIMATORS = ("tokens", "ratio")
+Stepper = Callable[[list[int] | None, list[int] | None, int], list[int]]
+"""``step(proposed, accepted, context_tokens)`` of :meth:`Goodput.plain_stepper`: the next step's proposals."""
 
 
 def expected_tokens(accept: np.ndarray) -> np.ndarray:
@@ -183,6 +186,9 @@ class Goodput(Policy):
         """Decision spans (``spans``): the latest (lowest rate, highest rate, lowest context total, highest, k) by
         (batch size, k_max, draft_cost, family or None, and a tree's grid rate as its index), on ``_priced_on``; a
         tree's rates are indices of the grid, its span kept under the key of each."""
+        self._held: tuple[tuple, tuple[float, float, int, int, int]] | None = None
+        """The latest decision read from a kept span: (its key's batch size, k_max, draft_cost and family or None; the
+        span) (:meth:`plain_stepper`, which clears it before asking)."""
         self._span_wait: dict[tuple, tuple[int, int]] = {}
         """Decision spans: by key, after searches that found none, (decisions still to wait before the next search,
         the wait last set) (:meth:`_new_span`)."""
@@ -196,6 +202,8 @@ class Goodput(Policy):
         """Token trees (``fast_trees``): the batch's expected tokens by shape, by (rate, batch size, k_max)."""
         self._tree_terms: dict[tuple[int, int, int], np.ndarray] = {}
         """Token trees (``fast_trees``): n x log P(a | shape(k)) by (k, a, n) (:meth:`_observe_shared`)."""
+        self._tree_scale: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        """Token trees (``fast_trees``): 1 - w and w at each grid rate, and a buffer (:meth:`_observe_shared`)."""
 
     # --- estimates ------------------------------------------------------------------------------
     @property
@@ -290,6 +298,70 @@ class Goodput(Policy):
                 self._idle += 1
         return out
 
+    def plain_stepper(self, batch: int, cost_model: Any, max_k: int, draft_cost: bool,
+                      tree: TreeFamily | None = None) -> Stepper | None:
+        """``step(proposed, accepted, context_tokens)``: :meth:`observe_plain` of a step of ``batch`` requests (none
+        when ``proposed`` is None), then :meth:`propose_plain` of the next over ``context_tokens`` tokens of context,
+        the other arguments these (only while :attr:`steps_plain`; what a run of steps of one batch asks); None where
+        it would be no more than that (the caller then tells and asks).
+
+        Speed shortcut (switched by :attr:`held`): while the kept span (``spans``) the last decision was read from
+        holds the estimate (a tree's grid rate) and the context total, the decision is its k again, as every span that
+        holds them gives the decision pricing would (:meth:`_span`), and the proposal is made without looking it up; a
+        chain's estimate (``estimator=tokens``) is updated here, :meth:`observe_plain`'s arithmetic in its order. The
+        same proposals and state changes, bit for bit (``tests/test_fast_paths.py``)."""
+        k_max = self.k if self.k < max_k else max_k
+        if not (self.held and self.spans and self.every == 1 and k_max > 0):  # a decision every step, k > 0 possible
+            return None
+        observe, propose = self.observe_plain, self.propose_plain
+        args = (cost_model, max_k, draft_cost) if tree is None else (cost_model, max_k, draft_cost, tree)
+        trees = tree is not None and not tree.is_chain
+        mine = (batch, k_max, draft_cost, tree if trees else None)  # the key of the spans its decisions read
+
+        def holding() -> tuple[float, float, int, int, int] | None:
+            """The span of the latest decision read from a kept span, if it is of these steps' key (on this cost
+            model) and its k > 0 (a decision of k = 0 leaves probes to propose_plain)."""
+            found = self._held
+            return found[1] if (found is not None and found[0] == mine and found[1][4] and cost_model is self._priced_on
+                                ) else None
+
+        held = holding()  # (one read by an earlier stretch of steps of this batch serves)
+        w = self.ema_weight
+        keep, inline = 1 - w, not trees and self._tree is None and self.estimator == "tokens"
+
+        def step(proposed: list[int] | None, accepted: list[int] | None, context_tokens: int) -> list[int]:
+            nonlocal held
+            pair = self._global  # (read each step: a fleet's replica may put back a copy of the policy's state)
+            if proposed is None:
+                pass
+            elif not inline:
+                observe(proposed, accepted)
+            elif any(proposed):  # observe_plain's update of a chain's estimate (tokens), written out
+                hits = float(sum(accepted))
+                trials = hits + float(sum(map(lt, accepted, proposed)))
+                pair[0] = keep * pair[0] + w * hits
+                pair[1] = keep * pair[1] + w * trials
+            if held is not None:  # propose_plain's decision and bookkeeping where the held span holds (k > 0)
+                low, high, lo, hi, k = held
+                rate = int(self._tree_loglik.argmax()) if trees else pair[0] / pair[1]  # as the decisions read it
+                if low <= rate <= high and lo <= context_tokens <= hi:
+                    self._last_k = k
+                    self._steps += 1
+                    if self.probe:
+                        self._idle = 0
+                    return [k if k < k_max else k_max] * batch
+            self._held = None
+            out = propose(batch, context_tokens, *args)
+            held = holding()
+            return out
+
+        return step
+
+    held = True
+    """Speed shortcut, switched here in one place: :meth:`plain_stepper` proposes from the span the last decision was
+    read from while it holds (see there); the same proposals bit for bit (``tests/test_fast_paths.py`` runs both).
+    False: no stepper (:meth:`observe_plain` then :meth:`propose_plain`)."""
+
     def observe(self, outcome: StepOutcome) -> None:
         if self._tree is not None:
             self._observe_tree(outcome.proposed.tolist(), outcome.accepted.tolist(), outcome.request_ids.tolist())
@@ -323,7 +395,10 @@ class Goodput(Policy):
     def observe_plain(self, proposed: list[int], accepted: list[int]) -> None:
         """:meth:`observe` of a step's proposals and acceptances as lists (only while :attr:`steps_plain`)."""
         if self._tree is not None:
-            self._observe_tree(proposed, accepted, None)
+            if not self.fast_trees:
+                self._observe_tree(proposed, accepted, None)
+            elif any(proposed):  # _observe_tree's (speed shortcut, see fast_trees)
+                self._observe_shared(proposed, accepted)
             return
         if not any(proposed):
             return
@@ -387,10 +462,11 @@ class Goodput(Policy):
         else:
             rate = self._global[0] / self._global[1]
             key = (batch, k_max, draft_cost, None) if self.spans else None  # (speed shortcut, see spans)
-            if key is not None and cost_model is self._priced_on:  # _spanned, written out
-                for low, high, lo, hi, k in self._spans.get(key, ()):
+            if key is not None and cost_model is self._priced_on:  # a kept span that holds the rate and context
+                for span in self._spans.get(key, ()):
+                    low, high, lo, hi, k = span
                     if low <= rate <= high and lo <= context_tokens <= hi:
-                        self._last_k = k
+                        self._last_k, self._held = k, (key, span)
                         return
             accept = [rate] * k_max
         price = self._pricer(cost_model, batch, k_max, draft_cost)
@@ -443,14 +519,6 @@ class Goodput(Policy):
         return best
 
     # --- decision spans (speed shortcut, see ``spans``) ------------------------------------------------------------
-    def _spanned(self, key: tuple, rate: float, context: int, cost_model: Any) -> bool:
-        """Whether a kept span of ``key`` holds ``rate`` and ``context`` (then ``_last_k`` is set to its decision)."""
-        for low, high, lo, hi, k in self._spans.get(key, ()) if cost_model is self._priced_on else ():
-            if low <= rate <= high and lo <= context <= hi:
-                self._last_k = k
-                return True
-        return False
-
     def _new_span(self, key: tuple, price: UniformPricer | UniformTreePricer, context: int, seconds: list[float],
                   ranges: list[tuple[float, float, list[list[float]], list[tuple]]]) -> None:
         """Look for a span around the decision just made (``_last_k``, over ``context`` tokens of context, ``seconds``
@@ -586,6 +654,8 @@ class Goodput(Policy):
             self._tree = _TreeBelief(family)
             self._tree_loglik = self._tree.prior(self.alpha_init)
             self._tree_by_request, self._tree_totals, self._tree_terms = {}, {}, {}
+            w = self.ema_weight
+            self._tree_scale = (np.full(GRID, 1 - w), np.full(GRID, w), np.empty(GRID))
         return self._tree
 
     def _decide_tree(self, view: BatchView) -> None:
@@ -613,12 +683,17 @@ class Goodput(Policy):
     def _decide_tree_uniform(self, batch: int, context_tokens: int, cost_model: Any, max_k: int, draft_cost: bool,
                              tree: TreeFamily) -> None:
         """:meth:`_decide_tree` of one shape for the batch from the global estimate, from what it reads of the view."""
-        self._belief(tree)
-        k_max = min(self.k, max_k)
+        if self._tree is None or self._tree.family is not tree:
+            self._belief(tree)
+        k_max = self.k if self.k < max_k else max_k
         at = int(self._tree_loglik.argmax())  # the grid rate's index: tree_rate's rate
         key = (batch, k_max, draft_cost, tree, at)
-        if self.spans and self._spanned(key, at, context_tokens, cost_model):  # (speed shortcut, see spans)
-            return
+        if self.spans and cost_model is self._priced_on:  # (speed shortcut, see spans) a kept span holding them
+            for span in self._spans.get(key, ()):
+                low, high, lo, hi, k = span
+                if low <= at <= high and lo <= context_tokens <= hi:
+                    self._last_k, self._held = k, (key[:-1], span)
+                    return
         totals = self._tree_tokens(at, batch, k_max)
         price = self._pricer(cost_model, batch, k_max, draft_cost, tree)
         seconds = price(context_tokens)
@@ -698,35 +773,36 @@ class Goodput(Policy):
     def _observe_shared(self, proposed: list[int], accepted: list[int]) -> None:
         """:meth:`_observe_tree` of the global estimate (speed shortcut, see ``fast_trees``): the same arithmetic on the
         policy's own array, in place: times 1 - w, plus w x the sum over the step's outcomes (k, a), k > 0, in the
-        order first seen, of their count n x log P(a | shape(k)), each such product kept once worked out."""
+        order first seen, of their count n x log P(a | shape(k)), each such product kept once worked out. The sum is
+        added up in a buffer and the products by 1 - w and w are by arrays of those numbers (each element's product is
+        the same double as by the scalar; numpy multiplies by an array faster)."""
         k = proposed[0]
         if proposed.count(k) == len(proposed):  # one shape for everyone (the common step): its lengths' counts
             seen = [(k, a, accepted.count(a)) for a in dict.fromkeys(accepted)]
         else:
             seen = [(*ka, n) for ka, n in Counter(zip(proposed, accepted)).items() if ka[0]]
         # sum() adds the terms to 0 first; 0 + x is x bit for bit but for x = -0.0, which no term is (n >= 1 times a
-        # log-likelihood log(p), p > 0): so the sum from the first term, in place once it is a new array
-        w, total, fresh = self.ema_weight, None, False
+        # log-likelihood log(p), p > 0): so the sum from the first term
+        terms, (keep, scale, total) = self._tree_terms, self._tree_scale
+        first = None
         for key in seen:
-            term = self._tree_terms.get(key)
+            term = terms.get(key)
             if term is None:
                 k, a, n = key
                 term = n * self._tree.loglik[k, a]
-                if len(self._tree_terms) < TERMS_KEPT:
-                    self._tree_terms[key] = term
-            if total is None:
-                total = term
-            elif fresh:
-                total += term
+                if len(terms) < TERMS_KEPT:
+                    terms[key] = term
+            if first is None:
+                first = term
+            elif first is not total:
+                np.add(first, term, total)
+                first = total
             else:
-                total, fresh = total + term, True
-        if fresh:
-            total *= w
-        else:  # one term: a kept array, not to be changed
-            total = w * total
+                np.add(total, term, total)
+        np.multiply(first, scale, total)  # w x the sum (out= given by position: faster)
         own = self._tree_loglik  # the policy's own array (the prior's, then updated here only)
-        own *= 1 - w
-        own += total
+        np.multiply(own, keep, own)
+        np.add(own, total, own)
 
 
 def _group_sizes(n: int) -> list[int]:

@@ -640,6 +640,63 @@ def test_goodput_with_decision_spans_decides_as_pricing_every_step(trees, which)
     assert seen[True] == seen[False]
 
 
+@pytest.mark.parametrize("trees", [False, True])
+@pytest.mark.parametrize("params", [{}, {"estimator": "ratio"}, {"probe": 0}, {"bonus": 1.3}])
+def test_a_goodput_stepper_is_observe_then_propose(trees, params):
+    """Goodput.plain_stepper (a decision read from the span that held the last one while it holds; a chain's estimate
+    updated in the stepper) against observe_plain then propose_plain, driven by hand over stretches of steps of one
+    batch whose contexts grow and whose acceptance changes, so that spans are left: the same proposals every step and
+    the same state after; most steps are proposed from a held span. Steppers are kept by batch size, as the engine
+    keeps them, and before each stretch the policy's lists, dicts and arrays are put back as copies, as a fleet's
+    replica puts back its state when it plans a run again."""
+    cost = load_cost_model(PROFILE)
+    family = _family() if trees else None
+    seen, asked = {}, []
+    for stepper in (True, False):
+        rng = np.random.default_rng(37)
+        models = [ConstantAcceptance(rate, np.random.default_rng(seed)) for rate, seed in ((0.9, 38), (0.2, 39))]
+        policy = Goodput(7, **params)
+        propose = policy.propose_plain
+        policy.propose_plain = lambda *args: asked.append(stepper) or propose(*args)  # (counted)
+        proposals, steppers = [], {}
+        for stretch in range(60):
+            batch, context = int(rng.integers(1, 4)), int(rng.integers(100, 4000))
+            model, rids = models[(stretch // 12) % 2], list(range(batch))  # acceptance that changes
+            vars(policy).update({name: value.copy() for name, value in vars(policy).items()
+                                 if isinstance(value, (list, dict, set, np.ndarray))})
+            step = steppers.setdefault(batch, policy.plain_stepper(batch, cost, 7, True, family)) if stepper else None
+            proposed = accepted = None
+            for _ in range(int(rng.integers(1, 150))):
+                if step is not None:
+                    proposed = step(proposed, accepted, context)
+                else:
+                    if proposed is not None:
+                        policy.observe_plain(proposed, accepted)
+                    proposed = policy.propose_plain(batch, context, cost, 7, True, family)
+                accepted = model.draw_list(rids, proposed) if family is None else \
+                    model.draw_tree(rids, proposed, family)
+                proposals.append(proposed)
+                context += sum(accepted) + batch
+            policy.observe_plain(proposed, accepted)
+        seen[stepper] = (proposals, list(policy._global), policy._steps, policy._last_k, policy._idle,
+                         policy._probes, None if family is None else policy._tree_loglik.tolist())
+    assert seen[True] == seen[False]
+    assert 4 * asked.count(True) < 3 * asked.count(False)  # the stepper asked propose_plain for under 3/4 of its steps
+
+
+def test_a_goodput_stepper_only_where_a_decision_is_held():
+    """No stepper (the engine then tells and asks) with the shortcut off, without spans, deciding every few steps, or
+    where nobody may propose."""
+    cost = load_cost_model(PROFILE)
+    assert Goodput(4).plain_stepper(3, cost, 4, True) is not None
+    assert Goodput(4, every=2).plain_stepper(3, cost, 4, True) is None
+    assert Goodput(4).plain_stepper(3, cost, 0, True) is None
+    for flag in ("held", "spans"):
+        policy = Goodput(4)
+        setattr(policy, flag, False)
+        assert policy.plain_stepper(3, cost, 4, True) is None
+
+
 SPAN_RUNS = [dict(policy="goodput"), dict(policy="goodput", save_steps=True),
              dict(policy="goodput", rate=40.0, num_gpu_blocks=600),  # preemptions
              dict(policy="goodput", policy_params=(("estimator", "ratio"), ("every", 3), ("bonus", 1.1))),
@@ -657,10 +714,11 @@ SPAN_RUNS = [dict(policy="goodput"), dict(policy="goodput", save_steps=True),
 
 
 @pytest.mark.parametrize("flag, fields", [("spans", fields) for fields in SPAN_RUNS] +
+                         [("held", fields) for fields in SPAN_RUNS] +
                          [("fast_trees", fields) for fields in SPAN_RUNS if "k" in fields])  # (trees only)
 def test_decision_spans_and_kept_tree_numbers_run_alike(monkeypatch, flag, fields):
-    """Goodput.spans and Goodput.fast_trees on and off in whole runs (single engines and fleets, chains and trees): the
-    same summaries, request columns, step rows (where kept) and warnings."""
+    """Goodput.spans, Goodput.held and Goodput.fast_trees on and off in whole runs (single engines and fleets, chains
+    and trees): the same summaries, request columns, step rows (where kept) and warnings."""
     _runs_alike(monkeypatch, SimConfig.of(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=31), **fields}),
                 Goodput, flag)
 

@@ -224,7 +224,7 @@ class SimulatedEngine(DecodeRuns):
         by the cost model's ``draft_extend``; absent: 1, as after its prefill). Kept only when :attr:`catchup`."""
         self.tree = spec.tree if spec.speculative else None
         """The token-tree family (``EngineSpec.tree``), None for chains: today's path."""
-        self._step_prices = {}
+        self._step_prices, self._steppers = {}, {}
         # the front end, the client's closed loop and multi-step chunks move arrivals and steps off the workload's
         # clock that the runs of steps read ahead: step by step then (every speed shortcut off)
         stepwise = (spec.run_steps <= 1 or self.catchup or self.frontend > 0 or spec.max_concurrency is not None

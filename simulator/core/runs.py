@@ -113,7 +113,8 @@ draws, decisions and stopping points as the loop of :meth:`DecodeRuns._plain_run
 KEPT_PRICERS = True
 """Speed shortcut, switched here in one place: the engine keeps the pricer of a uniform step by (batch size, k)
 (:meth:`DecodeRuns._uniform_pricer`; its cost model, tree family and proposer are the engine's, fixed for its life)
-rather than building one for every stretch of steps; the same function, so the same seconds and warnings
+rather than building one for every stretch of steps; the same function, so the same seconds and warnings; and the
+policy's stepper by batch size (:meth:`DecodeRuns._stepper`), whose proposals are those of a new one
 (``tests/test_fast_paths.py`` runs both). False: built each time."""
 
 
@@ -170,6 +171,9 @@ class DecodeRuns:
 
     _step_prices: dict[tuple[int, int], Any]
     """The pricers of uniform steps by (batch size, k) (:data:`KEPT_PRICERS`; set by the engine)."""
+
+    _steppers: dict[int, Any]
+    """The policy's steppers by batch size (:data:`KEPT_PRICERS`; set by the engine)."""
 
     def _run_clock(self) -> float:
         """The clock a run of steps starts from: now (a fleet's replica planning a run again returns its start)."""
@@ -467,14 +471,14 @@ class DecodeRuns:
           (tokens emitted) - steps + [a >= t in the last step] (a step without a proposal accepts 0 = e - 1).
         """
         spec, policy = self.spec, self.policy
-        cost, engine_cost, max_k, bs = self.policy_cost, self.cost, spec.max_k, spec.block_size
+        engine_cost, max_k, bs = self.cost, spec.max_k, spec.block_size
         draft = spec.draft_proposer
         rids, ctx0, left0, blocks0 = self.rid, self.ctx, self.left, self.blocks
         batch = len(rids)
         horizon = min(budget, self.free_blocks // (most * batch))  # steps that surely fit
-        propose, observe, draw = policy.propose_plain, policy.observe_plain, self.acceptance.draw_list
-        if self.tree is not None:  # token trees: the policy told the family, drawn as _apply_decode draws them
-            propose, draw = partial(propose, tree=self.tree), partial(self.acceptance.draw_tree, family=self.tree)
+        observe, draw, tree = policy.observe_plain, self.acceptance.draw_list, self.tree
+        draw_tree = self.acceptance.draw_tree  # token trees: the policy told the family, drawn as _apply_decode draws
+        step = self._stepper(batch)  # told a step, asked the next
         match, take = spec.ngram_match_prob, self._match.take
         target, overhead_of = engine_cost.target_time, overhead_pricer(engine_cost, batch)
         steps, context, left, remaining = 0, sum(ctx0), left0, sum(left0)
@@ -483,8 +487,9 @@ class DecodeRuns:
         own_proposed = own_steps = None  # per request, over the steps of unequal proposals
         pricers: dict[int, Any] = {}
         spent = self.load.seconds[batch]
+        asked = step(None, None, context)
         while True:
-            proposed = propose(batch, context, cost, max_k, draft)
+            proposed = asked
             if not draft and any(proposed):  # the n-gram lookups' misses, as _plain_run draws them
                 proposed = [k if u < match else 0 for k, u in zip(proposed, take(batch))]
             k = proposed[0]
@@ -503,7 +508,7 @@ class DecodeRuns:
             clock += seconds  # as SimPy adds the step's timeout
             spent += seconds
             if k or not uniform:  # someone proposes
-                accepted = draw(rids, proposed)
+                accepted = draw(rids, proposed) if tree is None else draw_tree(rids, proposed, tree)
                 before, left = left, [t - a - 1 if a < t else 0 for a, t in zip(accepted, left)]  # t - min(a + 1, t)
                 if uniform:
                     spec_steps, spec_proposed = spec_steps + 1, spec_proposed + k
@@ -515,11 +520,12 @@ class DecodeRuns:
             else:  # nobody proposes: every request emits one token
                 accepted, before, left = proposed, left, [t - 1 for t in left]
             recent.append((before, proposed))
-            observe(proposed, accepted)
             steps += 1
             if 0 in left or clock >= arrival or steps >= horizon:
+                observe(proposed, accepted)
                 break
             context, remaining = context + remaining - (now := sum(left)), now
+            asked = step(proposed, accepted, context)
         emitted = self._settle(ctx0, left0, left)
         blocks, low, j = blocks0, min(proposed), len(recent)
         for before_j, proposed_j in recent:  # each step reserved max(b, ceil((c + k + 1) / bs)) over its context c
@@ -539,6 +545,29 @@ class DecodeRuns:
         self.load.carried(batch, spent, steps, spec_proposed * batch + (sum(own_proposed) if own_proposed else 0))
         self.rec.num_steps += steps
         return clock, steps
+
+    def _stepper(self, batch: int):
+        """``step(proposed, accepted, context_tokens)`` of :meth:`_adaptive_steps` over ``batch`` requests: the policy
+        told a step's proposals and acceptances (none when ``proposed`` is None), then asked the next step's proposals
+        over ``context_tokens`` tokens of context; the policy's own (``plain_stepper``) where it gives one, kept by batch
+        size (:data:`KEPT_PRICERS`: its other arguments are the engine's, fixed for its life)."""
+        if KEPT_PRICERS and (kept := self._steppers.get(batch)) is not None:  # (speed shortcut, tested)
+            return kept
+        policy, spec = self.policy, self.spec
+        args = (self.policy_cost, spec.max_k, spec.draft_proposer) + (() if self.tree is None else (self.tree,))
+        stepper = getattr(policy, "plain_stepper", None)
+        if stepper is not None and (step := stepper(batch, *args)) is not None:
+            if KEPT_PRICERS:
+                self._steppers[batch] = step
+            return step
+        observe, propose = policy.observe_plain, policy.propose_plain
+
+        def step(proposed: list[int] | None, accepted: list[int] | None, context_tokens: int) -> list[int]:
+            if proposed is not None:
+                observe(proposed, accepted)
+            return propose(batch, context_tokens, *args)
+
+        return step
 
     def _uniform(self, asked: list[int]) -> bool:
         """Whether :meth:`_uniform_run` may take a stationary policy's proposal ``asked``: one k for everyone, no n-gram
