@@ -67,6 +67,8 @@ VERIFICATIONS = ("multi-query", "batch-expansion")
 BATCH_LAYOUTS = ("ragged", "padded")
 #: Forward paths of a measured profile (``forward`` in the metadata; absent: ``eager``).
 FORWARDS = {"eager": "HF eager", "optimized": "optimized"}
+#: How the engines a calibration block names (``calibration.engine``) are written.
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
 def method_label(meta: dict) -> str:
@@ -78,7 +80,7 @@ def method_label(meta: dict) -> str:
     method = meta.get("method", "measured")
     if isinstance(meta.get("calibration"), dict):  # profiles/calibrate.py: fitted to (or moved from) vLLM's results
         moved = "transferred_from" in meta["calibration"]
-        engine = {"sglang": "SGLang"}.get(meta["calibration"].get("engine"), "vLLM")
+        engine = ENGINE_NAMES.get(meta["calibration"].get("engine"), "vLLM")
         return f"{method}, {f'transferred from {engine}-calibrated' if moved else f'calibrated to {engine}'}"
     if method != "measured":
         return method
@@ -190,11 +192,10 @@ DEPLOYMENT_SETTINGS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "
                        "num_scheduler_steps", "cuda_graph_sizes", "enable_prefix_caching", "num_gpu_blocks")
 
 
-def calibration_settings(path: str | os.PathLike) -> dict[str, Any]:
-    """The vLLM settings the profile ``path`` (its CSV, or its ``.meta.json``) was calibrated with
-    (:data:`DEPLOYMENT_SETTINGS` its metadata's ``calibration.settings`` records, JSON lists as tuples); empty for any
-    other profile (a coefficient JSON, a CSV without metadata or calibration). An unreadable metadata file says nothing
-    here: loading the profile reports it."""
+def calibration_block(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``calibration`` block of the metadata of the profile ``path`` (its CSV, or its ``.meta.json``); empty for
+    any other profile (a coefficient JSON, a CSV without metadata or calibration). An unreadable metadata file says
+    nothing here: loading the profile reports it."""
     p = Path(path)
     meta_file = p if p.name.lower().endswith(".meta.json") else meta_path(p) if p.suffix.lower() == ".csv" else None
     if meta_file is None or not meta_file.is_file():
@@ -204,7 +205,13 @@ def calibration_settings(path: str | os.PathLike) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     calibration = meta.get("calibration") if isinstance(meta, dict) else None
-    settings = calibration.get("settings") if isinstance(calibration, dict) else None
+    return calibration if isinstance(calibration, dict) else {}
+
+
+def calibration_settings(path: str | os.PathLike) -> dict[str, Any]:
+    """The vLLM settings the profile ``path`` was calibrated with (:data:`DEPLOYMENT_SETTINGS` its
+    :func:`calibration_block` records under ``settings``, JSON lists as tuples); empty where it records none."""
+    settings = calibration_block(path).get("settings")
     if not isinstance(settings, dict):
         return {}
     return {name: tuple(value) if isinstance(value, list) else value for name, value in settings.items()

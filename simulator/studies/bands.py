@@ -9,7 +9,7 @@ heaviest. Two bands say how far to trust it:
   simulated and the published speed-up at every point, fitted or held out (``calibration.points``); e is the largest
   |simulated - published| of its held-out points of the same kind, chains or trees (:func:`fit_error`). A simulated speed-up s = no-spec latency / policy latency is then known to +-e, so the
   policy stops paying somewhere between the load where s falls to 1 + e and the load where it falls to 1 - e
-  (:func:`stop_load` at levels 1 + e and 1 - e). A profile not fitted to speculative runs has no such number, and no
+  (:func:`simulator.studies.sweep.stop_load` at levels 1 + e and 1 - e). A profile not fitted to speculative runs has no such number, and no
   fit band (say so rather than invent one).
 - **acceptance**: the crossovers of the same sweep with every acceptance probability scaled by 0.8 and by 1.2 (capped
   at 1; :func:`scaled_acceptance`): acceptance is what a deployment knows least before it runs (SpecDecode-Bench,
@@ -19,7 +19,6 @@ heaviest. Two bands say how far to trust it:
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,8 +26,8 @@ from typing import Any, Callable, Sequence
 
 from policies.errors import UserError
 from simulator.config import SimConfig
-from simulator.costs.profile_table import meta_path
-from simulator.studies.sweep import crossings
+from simulator.costs.profile_table import ENGINE_NAMES, calibration_block
+from simulator.studies.sweep import stop_load
 
 #: Acceptance factors of the acceptance band (each acceptance probability times these, capped at 1).
 ACCEPTANCE_FACTORS = (0.8, 1.2)
@@ -37,11 +36,8 @@ ACCEPTANCE_FACTORS = (0.8, 1.2)
 def calibration_of(profile: str | Path) -> dict[str, Any] | None:
     """The ``calibration`` block of a profile fitted to an engine's speculative runs (one that names its ``engine``),
     else None."""
-    meta = meta_path(str(profile))
-    if not meta.is_file():
-        return None
-    block = json.loads(meta.read_text()).get("calibration")
-    return block if isinstance(block, dict) and isinstance(block.get("engine"), str) else None
+    block = calibration_block(profile)
+    return block if isinstance(block.get("engine"), str) else None
 
 
 def engine_name(profile: str | Path) -> str | None:
@@ -49,7 +45,7 @@ def engine_name(profile: str | Path) -> str | None:
     block = calibration_of(profile)
     if block is None:
         return None
-    name = {"vllm": "vLLM", "sglang": "SGLang"}.get(block["engine"].lower(), block["engine"])
+    name = ENGINE_NAMES.get(block["engine"].lower(), block["engine"])
     versions = "/".join(str(v) for v in block.get("engine_versions") or [])
     return f"{name} {versions}".strip()
 
@@ -80,17 +76,6 @@ def scaled_acceptance(config: SimConfig, factor: float) -> SimConfig:
         return config.replace(acceptance_positions=tuple(min(1.0, p * factor) for p in spec.acceptance_positions))
     raise UserError(f"acceptance band: --acceptance {spec.acceptance} is recorded, not a probability to scale by "
                     f"{factor:g}; give constant, beta or position acceptance")
-
-
-def stop_load(loads: Sequence[float], ratio: Sequence[float], level: float = 1.0) -> float:
-    """The load from which a policy's speed-up over the baseline, 1 / ``ratio`` (``ratio``: its latency over the
-    baseline's at each of ``loads``, ascending), first falls below ``level``: 0.0 when it is below already at the
-    lightest load, NaN when it never falls below up to the heaviest."""
-    scaled = [r * level for r in ratio]  # speed-up < level <=> ratio x level > 1
-    if scaled[0] > 1.0:
-        return 0.0
-    falls = [load for load, pays in crossings(loads, scaled) if not pays]
-    return falls[0] if falls else math.nan
 
 
 @dataclass(frozen=True)

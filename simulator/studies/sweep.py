@@ -400,15 +400,20 @@ def crossovers(table: pd.DataFrame, saturation: float = 1.0, baseline: str = "no
     """For each other policy of ``table`` (rates down, policies across: :func:`simulator.studies.demo.mean_table`),
     the rate, over ``saturation`` (1: in req/s), at which its latency first rises above ``baseline``'s
     (:func:`crossings`). NaN when it never does up to the highest rate; 0 when it is already above at the lowest."""
-    out = {}
     rates = table.index.to_numpy(float)
-    for policy in table.columns:
-        if policy == baseline:
-            continue
-        ratio = (table[policy] / table[baseline]).to_numpy(float)
-        rises = [rate for rate, pays in crossings(rates, ratio) if not pays]
-        out[policy] = 0.0 if ratio[0] > 1.0 else rises[0] / saturation if rises else math.nan
-    return out
+    return {policy: stop_load(rates, (table[policy] / table[baseline]).to_numpy(float)) / saturation
+            for policy in table.columns if policy != baseline}
+
+
+def stop_load(loads: Sequence[float], ratio: Sequence[float], level: float = 1.0) -> float:
+    """The load from which a policy's speed-up over the baseline, 1 / ``ratio`` (``ratio``: its latency over the
+    baseline's at each of ``loads``, ascending), first falls below ``level``: 0.0 when it is below already at the
+    lightest load, NaN when it never falls below up to the heaviest (:func:`crossings` of ``ratio`` x ``level``)."""
+    scaled = [r * level for r in ratio]  # speed-up < level <=> ratio x level > 1
+    if scaled[0] > 1.0:
+        return 0.0
+    falls = [load for load, pays in crossings(loads, scaled) if not pays]
+    return falls[0] if falls else math.nan
 
 
 def payoff_words(rates: Sequence[float], ratio: Sequence[float], show: Callable[[float], str],
