@@ -640,16 +640,15 @@ def draft_for(target: str, draft: str | None) -> str:
     vocabulary sizes, ``SpecDecodeWorker._vocab_size`` in vllm/spec_decode/spec_decode_worker.py). A draft head's
     vocabulary is checked where it is priced (:meth:`Architecture.head_on`). One :class:`UserError` line otherwise
     (the target's first: a model type the roofline does not read is refused before any draft is looked for)."""
-    Architecture.from_config(target, "--target")
+    theirs = Architecture.from_config(target, "--target").vocab
     if draft is None:
         if target not in DEFAULT_DRAFTS:
             raise UserError(f"--draft: --target {target} has no default draft (the shipped targets' are "
                             f"{', '.join(f'{t}: {d}' for t, d in DEFAULT_DRAFTS.items())}); give --draft, a model of "
                             "its tokenizer or a draft head")
         draft = DEFAULT_DRAFTS[target]
-    _, target_config = read_model_config(target, "--target")
     _, draft_config = read_model_config(draft, "--draft", head_ok=True)
-    mine, theirs = draft_config.get("vocab_size"), target_config.get("vocab_size")
+    mine = draft_config.get("vocab_size")
     if "speculative_method" not in draft_config and mine != theirs:
         hint = f" (the default for {target}: {DEFAULT_DRAFTS[target]})" if target in DEFAULT_DRAFTS else ""
         raise UserError(f"--draft {draft}: its vocabulary of {mine} tokens is not the target {target}'s {theirs}: a draft "
