@@ -62,8 +62,10 @@ whose next node is worth most (last node least): a lone request rarely pays for 
 opens, a group can. The rank acceptance the policy
 believes in is the family's rank model with its own top-1 rate a: q[d][0] = a and q[d][r] = (1 - a) g_d(r), g_d the
 family's P(rank r | not rank 0) at depth d. It learns a from accepted lengths alone: the exponentially weighted maximum
-likelihood estimate, log-likelihoods of a on a grid of :data:`GRID` rates averaged with weight ``ema_weight`` (per
-request with ``acceptance=request``), from the pseudo-observation alpha_init log a + (1 - alpha_init) log(1 - a). For a
+likelihood estimate, log-likelihoods of a on a grid of :data:`GRID` rates averaged with weight ``ema_weight`` = w (per
+request with ``acceptance=request``), from the pseudo-observation alpha_init log a + (1 - alpha_init) log(1 - a): a
+step in which n_o requests had outcome o = (k nodes verified, l accepted) updates L(a) <- (1 - w) L(a) + sum_o w n_o
+log P(l | shape(k), a), the terms added one at a time in the order their outcomes first appear in the batch. For a
 chain this is the ``tokens`` estimator above (its likelihood is A log a + R log(1 - a)), so the tree estimate is that
 estimator's generalisation; ``acceptance=position`` and ``estimator`` do not apply to trees. A tree family that is a
 chain never reaches the policy (the engine runs it as chains).
@@ -111,7 +113,7 @@ SPANS_KEPT = 4
 TREE_SPAN_RATES = (8, 2, 0)
 """Half-widths (grid steps) of the ranges of grid rates a tree's decision span is looked for over, widest first."""
 TERMS_KEPT = 4096
-"""Most products n x log P(a | shape(k)) (GRID floats each, 1.6 kB) a goodput policy keeps over token trees
+"""Most terms w x (n x log P(a | shape(k))) (GRID floats each, 1.6 kB) a goodput policy keeps over token trees
 (``Goodput.fast_trees``): (k, a, n) for k nodes, a accepted, n requests; a run meets a few hundred."""
 ESTIMATORS = ("tokens", "ratio")
 Stepper = Callable[[list[int] | None, list[int] | None, int], list[int]]
@@ -141,9 +143,9 @@ class Goodput(Policy):
 
     fast_trees = True
     """Speed shortcut, switched here in one place: over token trees with one global estimate, the batch's expected
-    tokens by shape are kept by (rate, batch size, k_max), and the products n x log P(a | shape(k)) of a step's evidence
-    (n requests verified shape(k) and accepted a) by (k, a, n), at most :data:`TERMS_KEPT` of them, and the estimate is
-    updated in place; the same numbers from the same arithmetic, so the same decisions bit for bit
+    tokens by shape are kept by (rate, batch size, k_max), and the terms w x (n x log P(a | shape(k))) of a step's
+    evidence (n requests verified shape(k) and accepted a) by (k, a, n), at most :data:`TERMS_KEPT` of them, and the
+    estimate is updated in place; the same numbers from the same arithmetic, so the same decisions bit for bit
     (``tests/test_fast_paths.py`` runs both). False: all worked out every step."""
 
     spans = True
@@ -201,9 +203,9 @@ class Goodput(Policy):
         self._tree_totals: dict[tuple, list[float]] = {}
         """Token trees (``fast_trees``): the batch's expected tokens by shape, by (rate, batch size, k_max)."""
         self._tree_terms: dict[tuple[int, int, int], np.ndarray] = {}
-        """Token trees (``fast_trees``): n x log P(a | shape(k)) by (k, a, n) (:meth:`_observe_shared`)."""
-        self._tree_scale: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-        """Token trees (``fast_trees``): 1 - w and w at each grid rate, and a buffer (:meth:`_observe_shared`)."""
+        """Token trees (``fast_trees``): w x (n x log P(a | shape(k))) by (k, a, n) (:meth:`_observe_shared`)."""
+        self._tree_keep: np.ndarray | None = None
+        """Token trees (``fast_trees``): 1 - w at each grid rate (:meth:`_observe_shared`)."""
 
     # --- estimates ------------------------------------------------------------------------------
     @property
@@ -328,12 +330,16 @@ class Goodput(Policy):
         held = holding()  # (one read by an earlier stretch of steps of this batch serves)
         w = self.ema_weight
         keep, inline = 1 - w, not trees and self._tree is None and self.estimator == "tokens"
+        shared = self._observe_shared if trees and self.fast_trees else None  # observe_plain's path over trees
 
         def step(proposed: list[int] | None, accepted: list[int] | None, context_tokens: int) -> list[int]:
             nonlocal held
             pair = self._global  # (read each step: a fleet's replica may put back a copy of the policy's state)
             if proposed is None:
                 pass
+            elif shared is not None and self._tree is not None:
+                if any(proposed):
+                    shared(proposed, accepted)
             elif not inline:
                 observe(proposed, accepted)
             elif any(proposed):  # observe_plain's update of a chain's estimate (tokens), written out
@@ -654,8 +660,7 @@ class Goodput(Policy):
             self._tree = _TreeBelief(family)
             self._tree_loglik = self._tree.prior(self.alpha_init)
             self._tree_by_request, self._tree_totals, self._tree_terms = {}, {}, {}
-            w = self.ema_weight
-            self._tree_scale = (np.full(GRID, 1 - w), np.full(GRID, w), np.empty(GRID))
+            self._tree_keep = np.full(GRID, 1 - self.ema_weight)
         return self._tree
 
     def _decide_tree(self, view: BatchView) -> None:
@@ -762,7 +767,8 @@ class Goodput(Policy):
             return
         seen = Counter(zip(proposed, accepted))  # a batch's outcomes repeat: each row added once, times its count
         prior = self.tree_rate() if by_request else 0.0
-        self._tree_loglik = (1 - w) * self._tree_loglik + w * sum(n * loglik[k, a] for (k, a), n in seen.items() if k)
+        self._tree_loglik = reduce(add, (w * (n * loglik[k, a]) for (k, a), n in seen.items() if k),
+                                   (1 - w) * self._tree_loglik)
         if by_request:  # a request's first update starts from one pseudo-trial at the global rate
             for rid, k, a in zip(request_ids, proposed, accepted):
                 if k:
@@ -772,37 +778,30 @@ class Goodput(Policy):
 
     def _observe_shared(self, proposed: list[int], accepted: list[int]) -> None:
         """:meth:`_observe_tree` of the global estimate (speed shortcut, see ``fast_trees``): the same arithmetic on the
-        policy's own array, in place: times 1 - w, plus w x the sum over the step's outcomes (k, a), k > 0, in the
-        order first seen, of their count n x log P(a | shape(k)), each such product kept once worked out. The sum is
-        added up in a buffer and the products by 1 - w and w are by arrays of those numbers (each element's product is
-        the same double as by the scalar; numpy multiplies by an array faster)."""
+        policy's own array, in place: times 1 - w (by an array of that number: each element's product is the same
+        double as by the scalar, and numpy multiplies by an array faster), then plus, one at a time in the order first
+        seen, w x (n x log P(a | shape(k))) of each of the step's outcomes (k, a), k > 0, n requests, each such term
+        kept once worked out."""
+        terms, own = self._tree_terms, self._tree_loglik  # the policy's own array (the prior's, then updated here only)
+        np.multiply(own, self._tree_keep, own)
         k = proposed[0]
         if proposed.count(k) == len(proposed):  # one shape for everyone (the common step): its lengths' counts
-            seen = [(k, a, accepted.count(a)) for a in dict.fromkeys(accepted)]
+            for a in dict.fromkeys(accepted):
+                term = terms.get(key := (k, a, accepted.count(a)))
+                np.add(own, self._tree_term(key) if term is None else term, own)
         else:
-            seen = [(*ka, n) for ka, n in Counter(zip(proposed, accepted)).items() if ka[0]]
-        # sum() adds the terms to 0 first; 0 + x is x bit for bit but for x = -0.0, which no term is (n >= 1 times a
-        # log-likelihood log(p), p > 0): so the sum from the first term
-        terms, (keep, scale, total) = self._tree_terms, self._tree_scale
-        first = None
-        for key in seen:
-            term = terms.get(key)
-            if term is None:
-                k, a, n = key
-                term = n * self._tree.loglik[k, a]
-                if len(terms) < TERMS_KEPT:
-                    terms[key] = term
-            if first is None:
-                first = term
-            elif first is not total:
-                np.add(first, term, total)
-                first = total
-            else:
-                np.add(total, term, total)
-        np.multiply(first, scale, total)  # w x the sum (out= given by position: faster)
-        own = self._tree_loglik  # the policy's own array (the prior's, then updated here only)
-        np.multiply(own, keep, own)
-        np.add(own, total, own)
+            for ka, n in Counter(zip(proposed, accepted)).items():
+                if ka[0]:
+                    term = terms.get(key := (*ka, n))
+                    np.add(own, self._tree_term(key) if term is None else term, own)
+
+    def _tree_term(self, key: tuple[int, int, int]) -> np.ndarray:
+        """w x (n x log P(a | shape(k))) of ``key`` = (k, a, n), kept (:meth:`_observe_shared`)."""
+        k, a, n = key
+        term = self.ema_weight * (n * self._tree.loglik[k, a])
+        if len(self._tree_terms) < TERMS_KEPT:
+            self._tree_terms[key] = term
+        return term
 
 
 def _group_sizes(n: int) -> list[int]:
