@@ -109,7 +109,7 @@ SETUPS = (
     Setup("deepseek-v3 mtp, fit on v0.4.1.post2's batch 1/8/32", "h200", "deepseek-v3", 8, 3, DEEPSEEK_ACCEPTANCE,
           DEEPSEEK_ACCEPTANCE_SOURCE, 128, 256, "deepseek-v3/sglang-v0.4.1.post2", "deepseek-v3/sglang-docs",
           ("overhead_per_layer_s", "bandwidth")),
-    Setup("glm-4.5-air mtp (vLLM 0.10.1, GPQA-Main)", "h100-80gb", str(GLM_45_AIR), 4, 3,
+    Setup("glm-4.5-air mtp (vLLM 0.11.1rc1, GPQA-Main)", "h100-80gb", str(GLM_45_AIR), 4, 3,
           conditional((0.92, 0.68, 0.38)), GLM_ACCEPTANCE_SOURCE, 256, 1024, "glm-4.5-air/specdecode-bench",
           "glm-4.5-air/specdecode-bench", ("overhead_per_layer_s", "bandwidth")),
 )

@@ -4,7 +4,7 @@ per-pass overhead on each series' batch-1 speedup; the larger batches' speedups 
 
 Published figures (profiles/data/moe_speculation/checks.csv gives each row's source): SGLang's docs, DeepSeek-V3 MTP on
 8 x H200 TP8, 1.8x at batch 1 and 1.5x at batch 32; SpecDecode-Bench (arXiv 2601.11580, Fig. 3 (h)), GLM-4.5-Air MTP on
-4 x H100 TP4 with vLLM 0.10.1, 1.82x / 1.57x / 1.31x at batch 1 / 2 / 4 on GPQA-Main."""
+4 x H100 TP4 with vLLM 0.11.1rc1, 1.82x / 1.57x / 1.31x at batch 1 / 2 / 4 on GPQA-Main."""
 from __future__ import annotations
 
 import json
