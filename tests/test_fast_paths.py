@@ -805,15 +805,18 @@ def test_affine_until_is_the_last_context_priced_without_a_warning():
     assert step_time.uniform_pricer(negative, 4, 4, False).affine_until() > 0  # no draft pass: the draft's unasked
 
 
-def test_tree_uniforms_in_blocks_are_the_per_step_draws(monkeypatch):
-    """acceptance.TREE_UNIFORMS: a constant model's tree draws in blocks against one draw a step, mixed with chain draws
-    (whose geometric blocks first put back the uniforms drawn ahead), refills inside steps too: the same draws."""
+@pytest.mark.parametrize("flag", ["TREE_UNIFORMS", "TREE_LENGTHS"])
+def test_tree_uniforms_in_blocks_are_the_per_step_draws(monkeypatch, flag):
+    """acceptance.TREE_UNIFORMS: a constant model's tree draws in blocks against one draw a step, and
+    acceptance.TREE_LENGTHS: a block's accepted lengths by shape worked out at once against one uniform at a time,
+    mixed with chain draws (whose geometric blocks first put back the uniforms drawn ahead), refills inside steps too:
+    the same draws."""
     from simulator.inputs import acceptance
 
     family = _family()
     seen = {}
     for blocks in (True, False):
-        monkeypatch.setattr(acceptance, "TREE_UNIFORMS", blocks)
+        monkeypatch.setattr(acceptance, flag, blocks)
         model, rng, out = ConstantAcceptance(0.7, np.random.default_rng(41)), np.random.default_rng(43), []
         model.BLOCK = 23
         for i in range(800):
@@ -824,6 +827,19 @@ def test_tree_uniforms_in_blocks_are_the_per_step_draws(monkeypatch):
                        model.draw_list(list(range(batch)), [min(k, 4) for k in ks]))
         seen[blocks] = out
     assert seen[True] == seen[False]
+
+
+@pytest.mark.parametrize("fields", [dict(policy="goodput", **SGLANG), dict(policy="fixed-k", **SGLANG),
+                                    dict(policy="goodput", acceptance_rate=0.3, rate=20.0, **SGLANG),
+                                    dict(policy="goodput", replicas=3, router="least-outstanding", rate=2.0, **SGLANG),
+                                    dict(policy="goodput", replicas=3, router="round-robin", rate=2.0, **SGLANG)])
+def test_tree_lengths_run_alike(monkeypatch, fields):
+    """acceptance.TREE_LENGTHS in whole runs (single engines and fleets, whose replicas put the model's attributes back
+    when they plan a run again): the same runs."""
+    from simulator.inputs import acceptance
+
+    _runs_alike(monkeypatch, SimConfig.of(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=53), **fields}),
+                acceptance, "TREE_LENGTHS")
 
 
 @pytest.mark.parametrize("fields", [dict(policy="fixed-k", **SGLANG), dict(policy="goodput", **SGLANG),
