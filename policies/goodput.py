@@ -311,7 +311,9 @@ class Goodput(Policy):
         holds the estimate (a tree's grid rate) and the context total, the decision is its k again, as every span that
         holds them gives the decision pricing would (:meth:`_span`), and the proposal is made without looking it up; a
         chain's estimate (``estimator=tokens``) is updated here, :meth:`observe_plain`'s arithmetic in its order. The
-        same proposals and state changes, bit for bit (``tests/test_fast_paths.py``)."""
+        same proposals and state changes, bit for bit (``tests/test_fast_paths.py``). Its attribute ``hold(k,
+        accepted, context_tokens)`` is ``step`` after its proposal of everyone k > 0, answering None where it proposes
+        the same again (for ``simulator.core.runs.HELD_RUNS``)."""
         k_max = self.k if self.k < max_k else max_k
         if not (self.held and self.spans and self.every == 1 and k_max > 0):  # a decision every step, k > 0 possible
             return None
@@ -331,36 +333,56 @@ class Goodput(Policy):
         w = self.ema_weight
         keep, inline = 1 - w, not trees and self._tree is None and self.estimator == "tokens"
         shared = self._observe_shared if trees and self.fast_trees else None  # observe_plain's path over trees
+        tree_uniform = self._observe_uniform if shared is not None else None  # its path where everyone proposed k
 
-        def step(proposed: list[int] | None, accepted: list[int] | None, context_tokens: int) -> list[int]:
-            nonlocal held
-            pair = self._global  # (read each step: a fleet's replica may put back a copy of the policy's state)
-            if proposed is None:
-                pass
-            elif shared is not None and self._tree is not None:
-                if any(proposed):
-                    shared(proposed, accepted)
+        def tell(proposed: list[int], accepted: list[int]) -> None:
+            """:meth:`observe_plain` of a step in which someone proposed."""
+            if shared is not None and self._tree is not None:
+                shared(proposed, accepted)
             elif not inline:
                 observe(proposed, accepted)
-            elif any(proposed):  # observe_plain's update of a chain's estimate (tokens), written out
+            else:  # observe_plain's update of a chain's estimate (tokens), written out
+                pair = self._global  # (read each step: a fleet's replica may put back a copy of the policy's state)
                 hits = float(sum(accepted))
                 trials = hits + float(sum(map(lt, accepted, proposed)))
                 pair[0] = keep * pair[0] + w * hits
                 pair[1] = keep * pair[1] + w * trials
-            if held is not None:  # propose_plain's decision and bookkeeping where the held span holds (k > 0)
+
+        def ask(context_tokens: int) -> list[int] | None:
+            """:meth:`propose_plain` of the next step; None where the held span holds (k > 0): the proposal is then
+            everyone proposing its k (capped by k_max), its bookkeeping done."""
+            nonlocal held
+            if held is not None:
                 low, high, lo, hi, k = held
-                rate = int(self._tree_loglik.argmax()) if trees else pair[0] / pair[1]  # as the decisions read it
+                rate = int(self._tree_loglik.argmax()) if trees else self._global[0] / self._global[1]  # as decided
                 if low <= rate <= high and lo <= context_tokens <= hi:
                     self._last_k = k
                     self._steps += 1
                     if self.probe:
                         self._idle = 0
-                    return [k if k < k_max else k_max] * batch
+                    return None
             self._held = None
             out = propose(batch, context_tokens, *args)
             held = holding()
             return out
 
+        def step(proposed: list[int] | None, accepted: list[int] | None, context_tokens: int) -> list[int]:
+            if proposed is not None and any(proposed):
+                tell(proposed, accepted)
+            out = ask(context_tokens)
+            return [k if (k := held[4]) < k_max else k_max] * batch if out is None else out
+
+        def hold(k: int, accepted: list[int], context_tokens: int) -> list[int] | None:
+            """``step([k] * batch, accepted, context_tokens)`` after a step of this stepper's proposal of everyone k >
+            0, but None where that proposal stands for the next step too (speed shortcut, see
+            ``simulator.core.runs.HELD_RUNS``)."""
+            if tree_uniform is not None and self._tree is not None:
+                tree_uniform(k, accepted)
+            else:
+                tell([k] * batch, accepted)
+            return ask(context_tokens)
+
+        step.hold = hold  # type: ignore[attr-defined]
         return step
 
     held = True
@@ -782,18 +804,25 @@ class Goodput(Policy):
         double as by the scalar, and numpy multiplies by an array faster), then plus, one at a time in the order first
         seen, w x (n x log P(a | shape(k))) of each of the step's outcomes (k, a), k > 0, n requests, each such term
         kept once worked out."""
-        terms, own = self._tree_terms, self._tree_loglik  # the policy's own array (the prior's, then updated here only)
-        np.multiply(own, self._tree_keep, own)
         k = proposed[0]
         if proposed.count(k) == len(proposed):  # one shape for everyone (the common step): its lengths' counts
-            for a in dict.fromkeys(accepted):
-                term = terms.get(key := (k, a, accepted.count(a)))
+            self._observe_uniform(k, accepted)
+            return
+        terms, own = self._tree_terms, self._tree_loglik  # the policy's own array (the prior's, then updated here only)
+        np.multiply(own, self._tree_keep, own)
+        for ka, n in Counter(zip(proposed, accepted)).items():
+            if ka[0]:
+                term = terms.get(key := (*ka, n))
                 np.add(own, self._tree_term(key) if term is None else term, own)
-        else:
-            for ka, n in Counter(zip(proposed, accepted)).items():
-                if ka[0]:
-                    term = terms.get(key := (*ka, n))
-                    np.add(own, self._tree_term(key) if term is None else term, own)
+
+    def _observe_uniform(self, k: int, accepted: list[int]) -> None:
+        """:meth:`_observe_shared` of a step in which everyone verified shape(k), k > 0: the terms by accepted length in
+        the order first seen, n the requests that accepted it."""
+        terms, own, add, count = self._tree_terms, self._tree_loglik, np.add, accepted.count
+        np.multiply(own, self._tree_keep, own)
+        for a in dict.fromkeys(accepted):
+            term = terms.get(key := (k, a, count(a)))
+            add(own, self._tree_term(key) if term is None else term, own)
 
     def _tree_term(self, key: tuple[int, int, int]) -> np.ndarray:
         """w x (n x log P(a | shape(k))) of ``key`` = (k, a, n), kept (:meth:`_observe_shared`)."""

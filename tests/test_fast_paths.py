@@ -231,9 +231,16 @@ GOODPUT_RUNS = [{}, {"proposer": "ngram", "acceptance_rate": 0.4},
                 {"policy_profile": str(Path(PROFILE).with_name("h100-80gb-analytical__llama-2-7b__llama-68m.csv"))}]
 
 
-@pytest.mark.parametrize("fields", GOODPUT_RUNS)
-def test_plain_runs_are_the_per_step_path(monkeypatch, fields):
+@pytest.mark.parametrize("fields", GOODPUT_RUNS + [{"replay": True, "speculative_num_steps": 5,  # trees, replayed
+                                                      "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8,
+                                                      "k": 7}])
+def test_plain_runs_are_the_per_step_path(monkeypatch, tmp_path, fields):
     """runs.PLAIN_RUNS (several goodput steps per SimPy event) against one event per step, bit for bit."""
+    if fields.get("replay"):  # recorded streams: a model with its own tree walk
+        path = tmp_path / "trace.csv"
+        path.write_text("request_id,proposed,accepted\n" + "".join(f"{i % 5},4,{(i * 7) % 5}\n" for i in range(60)))
+        fields = {**{name: value for name, value in fields.items() if name != "replay"}, "acceptance": "replay",
+                  "acceptance_trace": str(path)}
     config = SimConfig.of(**{**dict(profile=PROFILE, policy="goodput", rate=8.0, num_requests=300, seed=5), **fields})
     _fast_against_plain(monkeypatch, config, "PLAIN_RUNS", "_plain_run")
 
@@ -644,15 +651,16 @@ def test_goodput_with_decision_spans_decides_as_pricing_every_step(trees, which)
 @pytest.mark.parametrize("params", [{}, {"estimator": "ratio"}, {"probe": 0}, {"bonus": 1.3}])
 def test_a_goodput_stepper_is_observe_then_propose(trees, params):
     """Goodput.plain_stepper (a decision read from the span that held the last one while it holds; a chain's estimate
-    updated in the stepper) against observe_plain then propose_plain, driven by hand over stretches of steps of one
-    batch whose contexts grow and whose acceptance changes, so that spans are left: the same proposals every step and
-    the same state after; most steps are proposed from a held span. Steppers are kept by batch size, as the engine
+    updated in the stepper), and its ``hold`` where everyone proposed one k > 0 (runs.HELD_RUNS), against observe_plain
+    then propose_plain, driven by hand over stretches of steps of one batch whose contexts grow and whose acceptance
+    changes, so that spans are left: the same proposals every step and the same state after; most steps are proposed
+    from a held span. Steppers are kept by batch size, as the engine
     keeps them, and before each stretch the policy's lists, dicts and arrays are put back as copies, as a fleet's
     replica puts back its state when it plans a run again."""
     cost = load_cost_model(PROFILE)
     family = _family() if trees else None
     seen, asked = {}, []
-    for stepper in (True, False):
+    for stepper in ("hold", "step", "plain"):  # told through step.hold where everyone proposed one k > 0; step; neither
         rng = np.random.default_rng(37)
         models = [ConstantAcceptance(rate, np.random.default_rng(seed)) for rate, seed in ((0.9, 38), (0.2, 39))]
         policy = Goodput(7, **params)
@@ -664,10 +672,14 @@ def test_a_goodput_stepper_is_observe_then_propose(trees, params):
             model, rids = models[(stretch // 12) % 2], list(range(batch))  # acceptance that changes
             vars(policy).update({name: value.copy() for name, value in vars(policy).items()
                                  if isinstance(value, (list, dict, set, np.ndarray))})
-            step = steppers.setdefault(batch, policy.plain_stepper(batch, cost, 7, True, family)) if stepper else None
+            step = (steppers.setdefault(batch, policy.plain_stepper(batch, cost, 7, True, family))
+                    if stepper != "plain" else None)
             proposed = accepted = None
             for _ in range(int(rng.integers(1, 150))):
-                if step is not None:
+                if stepper == "hold" and proposed is not None and proposed[0] and proposed.count(proposed[0]) == batch:
+                    again = step.hold(proposed[0], accepted, context)
+                    proposed = proposed if again is None else again
+                elif step is not None:
                     proposed = step(proposed, accepted, context)
                 else:
                     if proposed is not None:
@@ -680,8 +692,9 @@ def test_a_goodput_stepper_is_observe_then_propose(trees, params):
             policy.observe_plain(proposed, accepted)
         seen[stepper] = (proposals, list(policy._global), policy._steps, policy._last_k, policy._idle,
                          policy._probes, None if family is None else policy._tree_loglik.tolist())
-    assert seen[True] == seen[False]
-    assert 4 * asked.count(True) < 3 * asked.count(False)  # the stepper asked propose_plain for under 3/4 of its steps
+    assert seen["hold"] == seen["step"] == seen["plain"]
+    assert 4 * asked.count("step") < 3 * asked.count("plain")  # the stepper asked propose_plain for < 3/4 of its steps
+    assert asked.count("hold") == asked.count("step")
 
 
 def test_a_goodput_stepper_only_where_a_decision_is_held():
@@ -805,15 +818,18 @@ def test_affine_until_is_the_last_context_priced_without_a_warning():
     assert step_time.uniform_pricer(negative, 4, 4, False).affine_until() > 0  # no draft pass: the draft's unasked
 
 
-def test_tree_uniforms_in_blocks_are_the_per_step_draws(monkeypatch):
-    """acceptance.TREE_UNIFORMS: a constant model's tree draws in blocks against one draw a step, mixed with chain draws
-    (whose geometric blocks first put back the uniforms drawn ahead), refills inside steps too: the same draws."""
+@pytest.mark.parametrize("flag", ["TREE_UNIFORMS", "TREE_LENGTHS"])
+def test_tree_uniforms_in_blocks_are_the_per_step_draws(monkeypatch, flag):
+    """acceptance.TREE_UNIFORMS: a constant model's tree draws in blocks against one draw a step, and
+    acceptance.TREE_LENGTHS: a block's accepted lengths by shape worked out at once against one uniform at a time,
+    mixed with chain draws (whose geometric blocks first put back the uniforms drawn ahead), refills inside steps too:
+    the same draws."""
     from simulator.inputs import acceptance
 
     family = _family()
     seen = {}
     for blocks in (True, False):
-        monkeypatch.setattr(acceptance, "TREE_UNIFORMS", blocks)
+        monkeypatch.setattr(acceptance, flag, blocks)
         model, rng, out = ConstantAcceptance(0.7, np.random.default_rng(41)), np.random.default_rng(43), []
         model.BLOCK = 23
         for i in range(800):
@@ -824,6 +840,45 @@ def test_tree_uniforms_in_blocks_are_the_per_step_draws(monkeypatch):
                        model.draw_list(list(range(batch)), [min(k, 4) for k in ks]))
         seen[blocks] = out
     assert seen[True] == seen[False]
+
+
+@pytest.mark.parametrize("fields", [dict(policy="goodput", **SGLANG), dict(policy="fixed-k", **SGLANG),
+                                    dict(policy="goodput", acceptance_rate=0.3, rate=20.0, **SGLANG),
+                                    dict(policy="goodput", replicas=3, router="least-outstanding", rate=2.0, **SGLANG),
+                                    dict(policy="goodput", replicas=3, router="round-robin", rate=2.0, **SGLANG)])
+def test_tree_lengths_run_alike(monkeypatch, fields):
+    """acceptance.TREE_LENGTHS in whole runs (single engines and fleets, whose replicas put the model's attributes back
+    when they plan a run again): the same runs."""
+    from simulator.inputs import acceptance
+
+    _runs_alike(monkeypatch, SimConfig.of(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=53), **fields}),
+                acceptance, "TREE_LENGTHS")
+
+
+@pytest.mark.parametrize("fields", SPAN_RUNS + [dict(policy="goodput", acceptance_rate=0.0, **SGLANG),  # probes
+                                                dict(policy="goodput", k=0)])
+def test_held_runs_are_the_stepper_every_step(monkeypatch, fields):
+    """runs.HELD_RUNS (a held proposal kept by the adaptive runs, told through the stepper's hold) on and off in whole
+    runs: the same runs; where a decision holds (goodput's defaults, chains and trees) most steps keep their
+    proposal."""
+    from policies import goodput
+    from simulator.core import runs
+
+    kept = []
+    stepper = goodput.Goodput.plain_stepper
+
+    def counted(self, *args):
+        step = stepper(self, *args)
+        if step is not None:
+            hold = step.hold
+            step.hold = lambda *told: kept.append((again := hold(*told)) is None) or again
+        return step
+
+    monkeypatch.setattr(goodput.Goodput, "plain_stepper", counted)
+    config = SimConfig.of(**{**dict(profile=PROFILE, rate=8.0, num_requests=300, seed=31), **fields})
+    _runs_alike(monkeypatch, config, runs, "HELD_RUNS")
+    if fields in (dict(policy="goodput"), dict(policy="goodput", **SGLANG)):
+        assert 2 * kept.count(True) > len(kept) > 0
 
 
 @pytest.mark.parametrize("fields", [dict(policy="fixed-k", **SGLANG), dict(policy="goodput", **SGLANG),

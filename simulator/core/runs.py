@@ -43,11 +43,10 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections import deque
 from operator import add, sub
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from functools import partial
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import Any
 
 import numpy as np
@@ -109,6 +108,13 @@ speculative totals follow at the end, for as many steps as surely fit in the fre
 draws, decisions and stopping points as the loop of :meth:`DecodeRuns._plain_run`, bit for bit
 (``tests/test_fast_paths.py``). False: that loop."""
 
+HELD_RUNS = True
+"""Speed shortcut, switched here in one place: in an :data:`ADAPTIVE_RUNS` run whose policy's stepper can hold its
+proposal (goodput's ``step.hold``: a decision read from a kept span that still holds), a step in which everyone drafted
+one k > 0 is told through ``hold``, which answers None where the next step proposes the same again; the loop then keeps
+the proposal's list, k and pricer (:meth:`DecodeRuns._adaptive_steps`) instead of building and reading a new one. The
+same proposals, prices, draws and decisions as the stepper's every step (``tests/test_fast_paths.py``). False: the
+stepper asked every step."""
 
 KEPT_PRICERS = True
 """Speed shortcut, switched here in one place: the engine keeps the pricer of a uniform step by (batch size, k)
@@ -463,7 +469,8 @@ class DecodeRuns:
         - contexts: each request's context plus the tokens it emitted; blocks: the most any step reserved,
           max over steps of ceil((c + k + 1) / bs), of which only the last ``max_k`` steps can hold the most (every
           step emits at least one token per request, so a step j steps before the last reads at least j tokens less,
-          and reserves no more than the last when it proposes at most j more: such steps are skipped);
+          and reserves no more than the last when it proposes at most j more: such steps are skipped), and of steps
+          of one proposal in a row (a held proposal's list) only the last (the others read less);
         - the speculative totals of each request that proposed: its proposed tokens and speculative steps n (those
           of steps where everyone proposed the same k, summed once, plus its own in the others); as a step without a
           proposal emits one token, the speculative steps emitted (tokens emitted) - (steps - n); and a step's
@@ -478,37 +485,47 @@ class DecodeRuns:
         horizon = min(budget, self.free_blocks // (most * batch))  # steps that surely fit
         observe, draw, tree = policy.observe_plain, self.acceptance.draw_list, self.tree
         draw_tree = self.acceptance.draw_tree  # token trees: the policy told the family, drawn as _apply_decode draws
+        draw_uniform, shared_ranks = self.acceptance.draw_tree_uniform, self.acceptance.shared_ranks
         step = self._stepper(batch)  # told a step, asked the next
         match, take = spec.ngram_match_prob, self._match.take
-        target, overhead_of = engine_cost.target_time, overhead_pricer(engine_cost, batch)
+        target, overhead_of = engine_cost.target_time, None if draft else overhead_pricer(engine_cost, batch)
         steps, context, left, remaining = 0, sum(ctx0), left0, sum(left0)
-        recent = deque(maxlen=max(max_k, 1))  # (tokens left before the step, proposals) of the last max_k steps
+        ends = []  # (tokens left before the step, proposals, its number) of each step whose next proposes otherwise
         spec_steps = spec_proposed = 0  # steps in which everyone proposed one k > 0, and their ks summed
         own_proposed = own_steps = None  # per request, over the steps of unequal proposals
         pricers: dict[int, Any] = {}
         spent = self.load.seconds[batch]
-        asked = step(None, None, context)
+        hold = getattr(step, "hold", None) if HELD_RUNS and draft else None  # (speed shortcut, tested)
+        asked, proposed = step(None, None, context), None
         while True:
-            proposed = asked
-            if not draft and any(proposed):  # the n-gram lookups' misses, as _plain_run draws them
-                proposed = [k if u < match else 0 for k, u in zip(proposed, take(batch))]
-            k = proposed[0]
-            uniform = proposed.count(k) == batch
-            if not draft:  # shape_seconds without draft passes (the memo's number too, where it has one)
+            if asked is not proposed:  # a new proposal (a held one is the same list: the same k and pricer)
+                if proposed is not None:
+                    ends.append((before, proposed, steps))
+                proposed = asked
+                if not draft and any(proposed):  # the n-gram lookups' misses, as _plain_run draws them
+                    proposed = [k if u < match else 0 for k, u in zip(proposed, take(batch))]
+                k = proposed[0]
+                uniform = proposed.count(k) == batch
+                price = None
+                if draft and uniform and UNIFORM_STEPS:  # as _decode_seconds prices a uniform step: its scalar formula
+                    if (price := pricers.get(k)) is None:
+                        price = pricers[k] = self._uniform_pricer(batch, k)
+                # one shape for everyone under one rank table: drawn as draw_tree draws it, without asking
+                drawn = tree is not None and uniform and k and shared_ranks
+            if price is not None:
+                seconds = price(context)
+            elif not draft:  # shape_seconds without draft passes (the memo's number too, where it has one)
                 query = sum(proposed) + batch
                 seconds = target(batch, query, context)
                 seconds += overhead_of(query)
-            elif uniform and UNIFORM_STEPS:  # as _decode_seconds prices a uniform step: its scalar formula
-                if (price := pricers.get(k)) is None:
-                    price = pricers[k] = self._uniform_pricer(batch, k)
-                seconds = price(context)
             else:  # a probe: _decode_seconds over the step's contexts
                 self.ctx = [c + t0 - t for c, t0, t in zip(ctx0, left0, left)]
                 seconds = self._decode_seconds(proposed)
             clock += seconds  # as SimPy adds the step's timeout
             spent += seconds
             if k or not uniform:  # someone proposes
-                accepted = draw(rids, proposed) if tree is None else draw_tree(rids, proposed, tree)
+                accepted = (draw_uniform(tree, k, batch) if drawn else draw(rids, proposed) if tree is None else
+                            draw_tree(rids, proposed, tree))
                 before, left = left, [t - a - 1 if a < t else 0 for a, t in zip(accepted, left)]  # t - min(a + 1, t)
                 if uniform:
                     spec_steps, spec_proposed = spec_steps + 1, spec_proposed + k
@@ -519,19 +536,23 @@ class DecodeRuns:
                     own_steps = [n + 1 if q else n for n, q in zip(own_steps, proposed)]
             else:  # nobody proposes: every request emits one token
                 accepted, before, left = proposed, left, [t - 1 for t in left]
-            recent.append((before, proposed))
             steps += 1
             if 0 in left or clock >= arrival or steps >= horizon:
                 observe(proposed, accepted)
                 break
             context, remaining = context + remaining - (now := sum(left)), now
-            asked = step(proposed, accepted, context)
+            if hold is not None and uniform and k:  # told; None: the same proposal again
+                if (again := hold(k, accepted, context)) is not None:
+                    asked = again
+            else:
+                asked = step(proposed, accepted, context)
         emitted = self._settle(ctx0, left0, left)
-        blocks, low, j = blocks0, min(proposed), len(recent)
-        for before_j, proposed_j in recent:  # each step reserved max(b, ceil((c + k + 1) / bs)) over its context c
-            j -= 1  # steps after this one: it reads at least j tokens less than the last, so it reserves no more
-            if j and max(proposed_j) <= low + j:  # when it proposes at most j more (then skipped: the same max)
-                continue
+        ends.append((before, proposed, steps))
+        blocks, low = blocks0, min(proposed)
+        for before_j, proposed_j, i in ends[-max_k - 1:]:  # each step reserved max(b, ceil((c + k + 1) / bs)) over
+            j = steps - i  # its context c; steps after this one: it reads at least j tokens less than the last, so it
+            if j and (j >= max_k or max(proposed_j) <= low + j):  # reserves no more when it proposes at most j more
+                continue  # (then skipped: the same max)
             blocks = [n if (n := (c + t0 - t + q + bs) // bs) > b else b
                       for c, t0, t, q, b in zip(ctx0, left0, before_j, proposed_j, blocks)]
         self.blocks = blocks
@@ -540,8 +561,7 @@ class DecodeRuns:
             self._add_totals(emitted, accepted, before, steps, [spec_proposed + p for p in own_proposed],
                              [spec_steps + n for n in own_steps])
         elif spec_steps:
-            self._add_totals(emitted, accepted, before, steps, [spec_proposed] * len(emitted),
-                             [spec_steps] * len(emitted))
+            self._add_totals(emitted, accepted, before, steps, repeat(spec_proposed), repeat(spec_steps))
         self.load.carried(batch, spent, steps, spec_proposed * batch + (sum(own_proposed) if own_proposed else 0))
         self.rec.num_steps += steps
         return clock, steps
@@ -703,7 +723,7 @@ class DecodeRuns:
         return clock, steps
 
     def _add_totals(self, emitted: list[int], accepted: list[int], before: list[int], steps: int,
-                    proposed: list[int], spec_steps: list[int]) -> None:
+                    proposed: Iterable[int], spec_steps: Iterable[int]) -> None:
         """Add a stretch of ``steps`` steps to each request's speculative totals: it proposed ``proposed[i]`` tokens in
         ``spec_steps[i]`` steps and emitted ``emitted[i]`` tokens, one a step plus its accepted ones, all accepted
         ones emitted but in the last step, whose ``accepted[i]`` were capped by the ``before[i]`` tokens it had left
@@ -711,7 +731,7 @@ class DecodeRuns:
         for totals, e, a, t, p, n in zip(self.totals, emitted, accepted, before, proposed, spec_steps):
             if p:
                 totals[0] += p
-                totals[1] += e - steps + (1 if a >= t else 0)
+                totals[1] += e - steps + (a >= t)  # (a bool: 1 or 0)
                 totals[2] += n
                 totals[3] += e - steps + n
 

@@ -89,6 +89,11 @@ TREE_UNIFORMS = True
 (:meth:`AcceptanceModel.draw_tree`) in blocks, the same values in the same order as draws of each step's size
 (``tests/test_fast_paths.py`` runs both). False: one draw a step."""
 
+TREE_LENGTHS = True
+"""Speed shortcut, switched here in one place: :class:`ConstantAcceptance` works out the accepted lengths of a block of
+tree uniforms under one shape's table at once (:meth:`ConstantAcceptance._tree_lengths`), the same lengths in the same
+order as inverting each uniform when drawn (``tests/test_fast_paths.py`` runs both). False: one uniform at a time."""
+
 
 class AcceptanceModel:
     """Base class: per-request hooks that do nothing, and the per-step :meth:`draw` to implement."""
@@ -133,13 +138,26 @@ class AcceptanceModel:
     def draw_tree(self, request_ids: list[int], ks: list[int], family: TreeFamily) -> list[int]:
         """Accepted length of each request verifying ``family.shape(ks[i])`` (0 for k = 0): one uniform per request
         from the model's generator, inverted through the shape's survival under the request's rank table."""
-        uniforms = self._tree_uniforms(len(ks))
         if self.shared_ranks and ks and ks.count(k := ks[0]) == len(ks):
-            # one k, one table (speed shortcut): accepted_length of the table each request would fetch, inlined
-            table = self._inversion(0, family, k)
-            return [bisect_left(table, -u) for u in uniforms] if k else [0] * len(ks)
+            return self.draw_tree_uniform(family, k, len(ks))
+        uniforms = self._tree_uniforms(len(ks))
         inversion = self._inversion
         return [accepted_length(inversion(r, family, k), u) if k else 0 for r, k, u in zip(request_ids, ks, uniforms)]
+
+    def draw_tree_uniform(self, family: TreeFamily, k: int, count: int) -> list[int]:
+        """:meth:`draw_tree` of ``count`` requests all verifying ``family.shape(k)`` where every request draws from the
+        same rank table (:attr:`shared_ranks`): one k, one table (speed shortcut), the table each request would fetch
+        read once (:meth:`_tree_lengths`)."""
+        if not k:
+            self._tree_uniforms(count)  # drawn all the same
+            return [0] * count
+        return self._tree_lengths(family, k, count)
+
+    def _tree_lengths(self, family: TreeFamily, k: int, count: int) -> list[int]:
+        """:meth:`draw_tree_uniform` of k > 0: the accepted length of each of the next ``count`` uniforms
+        (:func:`policies.tree.accepted_length`, inlined)."""
+        table = self._inversion(0, family, k)
+        return [bisect_left(table, -u) for u in self._tree_uniforms(count)]
 
     def _tree_uniforms(self, count: int) -> list[float]:
         """The next ``count`` uniforms of the model's generator, for :meth:`draw_tree`."""
@@ -147,7 +165,8 @@ class AcceptanceModel:
 
     shared_ranks: bool = True
     """Whether every request draws from the same rank table (:meth:`_inversion` then reads no request; False: the
-    plain path of :meth:`draw_tree`, request by request)."""
+    plain path of :meth:`draw_tree`, request by request, or a model's own :meth:`draw_tree`); where it is, a caller
+    may draw proposals of one k for everyone through :meth:`draw_tree_uniform`."""
 
     def _inversion(self, request_id: int, family: TreeFamily, k: int) -> tuple[float, ...]:
         """:func:`policies.tree.inversion_table` of ``family.shape(k)``'s survival for the request; here one table for
@@ -184,6 +203,11 @@ class ConstantAcceptance(AcceptanceModel):
         self._uniforms_used = 0
         self._uniforms_state: dict | None = None
         """The generator's state before it drew ``_uniforms``."""
+        self._negated = np.zeros(0)
+        """``_uniforms`` negated, as an array (:data:`TREE_LENGTHS`)."""
+        self._lengths: dict[tuple[TreeFamily, int], tuple[int, list[int]]] = {}
+        """:data:`TREE_LENGTHS`: by (family, k), the accepted lengths of ``_uniforms`` from an index on (that index, the
+        lengths), worked out for the block drawn last."""
 
     def _successes(self, count: int) -> list[int]:
         """The next ``count`` values of G (successes before the first failure) of the stream.
@@ -219,9 +243,28 @@ class ConstantAcceptance(AcceptanceModel):
             return out
         rest = self._uniforms[self._uniforms_used:]
         self._uniforms_state = self._rng.bit_generator.state
-        self._uniforms = self._rng.random(max(self.BLOCK, count - len(rest))).tolist()
+        block = self._rng.random(max(self.BLOCK, count - len(rest)))
+        self._uniforms, self._negated, self._lengths = block.tolist(), -block, {}
         self._uniforms_used = count - len(rest)
         return rest + self._uniforms[:self._uniforms_used]
+
+    def _tree_lengths(self, family: TreeFamily, k: int, count: int) -> list[int]:
+        """:meth:`AcceptanceModel._tree_lengths`; speed shortcut (switched by :data:`TREE_LENGTHS`): while the uniforms
+        are drawn in blocks (:data:`TREE_UNIFORMS`), the accepted lengths under ``family.shape(k)``'s table of the rest
+        of the block are worked out at once (``np.searchsorted`` of the negated uniforms: the comparisons
+        ``bisect_left`` makes, so the same lengths) and handed out in order, as the uniforms are."""
+        used = self._uniforms_used
+        end = used + count
+        if not (TREE_LENGTHS and TREE_UNIFORMS and not self._buffer and end <= len(self._uniforms)):
+            return super()._tree_lengths(family, k, count)
+        found = self._lengths.get((family, k))
+        if found is None:  # (the block's uniforms are handed out in order: those from here on serve this table)
+            table = np.array(self._inversion(0, family, k))
+            found = (used, np.searchsorted(table, self._negated[used:]).tolist())
+            self._lengths = {**self._lengths, (family, k): found}  # replaced, not changed: a fleet's replica rewinds
+        start, lengths = found
+        self._uniforms_used = end
+        return lengths[used - start:end - start]
 
     def _put_back(self) -> None:
         """Drop the uniforms drawn ahead and not handed out, the generator set where drawing only those handed out
@@ -229,7 +272,7 @@ class ConstantAcceptance(AcceptanceModel):
         if self._uniforms_used < len(self._uniforms):
             self._rng.bit_generator.state = self._uniforms_state
             self._rng.random(self._uniforms_used)
-        self._uniforms, self._uniforms_used = [], 0
+        self._uniforms, self._uniforms_used, self._lengths = [], 0, {}
 
     def draw(self, request_ids: np.ndarray, proposed: np.ndarray) -> np.ndarray:
         return self.draw_steps(request_ids, proposed, 1)[0]
@@ -399,6 +442,7 @@ class ReplayAcceptance(AcceptanceModel):
     """Replays recorded accept/reject bit streams (see the module docstring for the reading rule)."""
 
     name = "replay"
+    shared_ranks = False  # (each request walks its own stream: :meth:`draw_tree`)
 
     def __init__(self, trace: AcceptanceTrace, rng: np.random.Generator, prompt_ids: np.ndarray | None = None) -> None:
         bits, lengths = trace.bit_streams()
