@@ -29,7 +29,7 @@ import pandas as pd
 import torch
 
 from policies.registry import make_policy
-from profiles.serving.engine import EngineConfig, EngineResult, RealEngine
+from profiles.serving.engine import RealEngineConfig, EngineResult, RealEngine
 from profiles.models.pairs import ModelPair, encode_prompts, read_prompts
 from simulator.inputs.acceptance import fit_acceptance, read_acceptance_trace
 from policies.errors import UserError
@@ -79,7 +79,7 @@ def measure_acceptance(pair: ModelPair, k: int, output_len: int, max_num_seqs: i
     if k < 1:
         raise UserError(f"--k: must be >= 1 to measure acceptance (got {k})")
     workload, prompts = shipped_workload(pair.tokenizer, output_len)
-    engine = RealEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=max_num_seqs, max_k=k,
+    engine = RealEngine(pair.target, pair.draft, RealEngineConfig(max_num_seqs=max_num_seqs, max_k=k,
                                                                   temperature=temperature, speculative_method=method),
                            make_policy("fixed-k", k), None, np.random.default_rng(seed))
     return engine.run(workload, prompts)

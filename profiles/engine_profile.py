@@ -45,7 +45,7 @@ import transformers
 from policies.registry import make_policy
 from profiles.models import forward
 from profiles.analytical import GIB
-from profiles.serving.engine import EngineConfig, RealEngine, StepRunner
+from profiles.serving.engine import RealEngineConfig, RealEngine, StepRunner
 from profiles.models.optimized import FORWARDS
 from profiles.serving.kv import KVBatch, PaddedBatch, SlotBatch, make_kv_batch
 from profiles.models.pairs import ModelPair
@@ -92,7 +92,7 @@ class EngineProfileSettings:
     threads: int = 1
     seed: int = 0
     forward: str = "eager"
-    """The engine's forward path (``eager`` or ``optimized``, :class:`profiles.serving.engine.EngineConfig`)."""
+    """The engine's forward path (``eager`` or ``optimized``, :class:`profiles.serving.engine.RealEngineConfig`)."""
     cuda_graphs: bool = True
 
     def __post_init__(self) -> None:
@@ -219,7 +219,7 @@ class SpeedProbe:
     expected time follows their mean, and on a shared machine a pass's time has a long right tail (the engine's
     decode passes in a CPU validation run: mean 1.04-1.14x their median), which the profile's median omits. The
     caches are built, and each pass run once untimed, when the probe is made. Validate calls it around and during
-    every real run (:attr:`profiles.serving.engine.EngineConfig.probe_every`)."""
+    every real run (:attr:`profiles.serving.engine.RealEngineConfig.probe_every`)."""
 
     def __init__(self, pair: ModelPair, profile: pd.DataFrame, spread: float, temperature: float,
                  seed: int = 0, forward_path: str = "eager") -> None:
@@ -285,7 +285,7 @@ def measure_overhead(pair: ModelPair, settings: EngineProfileSettings,
         n = 2 * b
         workload = Workload(np.zeros(n), np.full(n, prompt_len), np.full(n, OVERHEAD_OUTPUT_LEN), "overhead run")
         prompts = rng.integers(0, vocab, (n, prompt_len)).tolist()
-        engine = RealEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=b, max_k=OVERHEAD_K,
+        engine = RealEngine(pair.target, pair.draft, RealEngineConfig(max_num_seqs=b, max_k=OVERHEAD_K,
                                                                   temperature=settings.temperature,
                                                                   forward=settings.forward,
                                                                   cuda_graphs=settings.cuda_graphs),

@@ -268,7 +268,7 @@ def test_the_real_engine_runs_each_policy_losslessly_and_its_steps_replay(pair, 
 
     import torch
 
-    from profiles.serving.engine import EngineConfig, RealEngine
+    from profiles.serving.engine import RealEngineConfig, RealEngine
 
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, 1000, int(n)).tolist() for n in rng.integers(4, 24, 6)]
@@ -279,7 +279,7 @@ def test_the_real_engine_runs_each_policy_losslessly_and_its_steps_replay(pair, 
         head.add_(torch.randn(head.shape, generator=torch.Generator().manual_seed(3)) * head.std() * 0.2)
 
     def serve(name, k_, params_):
-        engine = RealEngine(pair.target, draft, EngineConfig(max_num_seqs=4, max_k=k_),
+        engine = RealEngine(pair.target, draft, RealEngineConfig(max_num_seqs=4, max_k=k_),
                             make_policy(name, k_, params_), REAL_COST, np.random.default_rng(0))
         return engine.run(workload, prompts)
 

@@ -14,8 +14,8 @@ pytest.importorskip("transformers")
 from policies.registry import make_policy  # noqa: E402
 from profiles.models import forward  # noqa: E402
 from profiles.acceptance import greedy_acceptance  # noqa: E402
-from profiles.serving.engine import (EngineConfig, RealEngine, StepRunner, accept_greedy, accept_sampled,  # noqa: E402
-                             ngram_proposal)
+from profiles.serving.engine import (RealEngine, RealEngineConfig, StepRunner, accept_greedy,  # noqa: E402
+                                     accept_sampled, ngram_proposal)
 from profiles.models.pairs import load_draft, load_pair, tokenizer_fingerprint  # noqa: E402
 from profiles.serving.kv import PaddedBatch, SlotBatch  # noqa: E402
 from simulator.inputs.acceptance import ConstantAcceptance  # noqa: E402
@@ -64,7 +64,7 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 
 def serve(pair, draft, workload, prompts, policy="fixed-k", k=3, seqs=4, params=None, **config):
-    engine = RealEngine(pair.target, draft, EngineConfig(max_num_seqs=seqs, max_k=k, **config),
+    engine = RealEngine(pair.target, draft, RealEngineConfig(max_num_seqs=seqs, max_k=k, **config),
                            make_policy(policy, k, params), COST, np.random.default_rng(0))
     return engine.run(workload, prompts)
 
@@ -123,7 +123,7 @@ def test_records_have_the_simulators_schema_and_add_up(pair, close_draft, reques
 def test_the_draft_cache_stays_in_step_with_the_context(pair, close_draft, requests, forward_path):
     """After every step the draft cache plus the pending tokens spell each request's context."""
     workload, prompts = requests
-    engine = RealEngine(pair.target, close_draft, EngineConfig(max_num_seqs=4, max_k=3, forward=forward_path),
+    engine = RealEngine(pair.target, close_draft, RealEngineConfig(max_num_seqs=4, max_k=3, forward=forward_path),
                            make_policy("fixed-k", 3), COST, np.random.default_rng(0))
     checked = []
     step = engine._decode_step
@@ -244,7 +244,7 @@ def test_the_timing_twin_takes_its_acceptances_from_the_model_and_says_tokens_ar
     """A random-weight draft is almost never right; the twin accepts what the acceptance model draws instead
     (here every proposed token: rate 1), so each speculative step emits k + 1 tokens."""
     workload, prompts = requests
-    engine = RealEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=4, max_k=3, forward="optimized"),
+    engine = RealEngine(pair.target, pair.draft, RealEngineConfig(max_num_seqs=4, max_k=3, forward="optimized"),
                            make_policy("fixed-k", 3), COST, np.random.default_rng(0),
                            acceptance=ConstantAcceptance(1.0, np.random.default_rng(1)))
     result = engine.run(workload, prompts)
@@ -264,7 +264,7 @@ def test_speed_probes_run_with_the_engines_clock_stopped(pair, requests):
     workload, prompts = requests
     calls = []
     probe = lambda: (calls.append(1), time.sleep(0.5))  # noqa: E731
-    engine = RealEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=4, max_k=3, probe_every=0.05),
+    engine = RealEngine(pair.target, pair.draft, RealEngineConfig(max_num_seqs=4, max_k=3, probe_every=0.05),
                         make_policy("fixed-k", 3), COST, np.random.default_rng(0), probe=probe)
     result = engine.run(workload, prompts)
     assert result.summary["probes"] == len(calls) >= 2
@@ -303,7 +303,7 @@ def test_the_draft_lags_as_the_step_protocol_says(pair, requests):
     from policies.protocol import draft_lag
 
     workload, prompts = requests
-    engine = RealEngine(pair.target, pair.draft, EngineConfig(max_num_seqs=4, max_k=3),
+    engine = RealEngine(pair.target, pair.draft, RealEngineConfig(max_num_seqs=4, max_k=3),
                         make_policy("threshold", 3, {"max_batch": 2}), COST, np.random.default_rng(0),
                         acceptance=ConstantAcceptance(0.6, np.random.default_rng(1)))
     step, verify, lags = engine._decode_step, engine.runner.verify, []
@@ -361,17 +361,17 @@ def test_bad_inputs_are_user_errors(pair, requests, tmp_path):
     other_vocab = forward.build_model(forward.load_config("tiny-draft", "t"), "fp32", torch.device("cpu"))
     other_vocab.config.vocab_size = 999
     with pytest.raises(UserError, match="vocabulary"):
-        RealEngine(pair.target, other_vocab, EngineConfig(), make_policy("fixed-k", 3), COST,
+        RealEngine(pair.target, other_vocab, RealEngineConfig(), make_policy("fixed-k", 3), COST,
                       np.random.default_rng(0))
     with pytest.raises(UserError, match="needs a draft model"):
-        RealEngine(pair.target, None, EngineConfig(), make_policy("fixed-k", 3), COST, np.random.default_rng(0))
+        RealEngine(pair.target, None, RealEngineConfig(), make_policy("fixed-k", 3), COST, np.random.default_rng(0))
     long_prompt = [[1] * 8190]
     with pytest.raises(UserError, match="exceed the model's context of 8192 tokens"):
         serve(pair, pair.draft, Workload([0.0], [8190], [4], "t"), long_prompt)
     with pytest.raises(UserError, match="prompt has 3 tokens, the workload says 4"):
         serve(pair, pair.draft, Workload([0.0], [4], [4], "t"), [[1, 2, 3]])
     with pytest.raises(UserError, match="proposer must be one of"):
-        EngineConfig(proposer="eagle")
+        RealEngineConfig(proposer="eagle")
     with pytest.raises(UserError, match="no such file"):
         load_draft(pair.target, None, tmp_path)
     with pytest.raises(UserError, match="--pair"):

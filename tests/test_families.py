@@ -26,7 +26,7 @@ from profiles.models.families import MODEL_TYPES, read_family_config, reduce  # 
 from profiles.models.optimized import SlotCache, attention_width, last_columns, slot_pass  # noqa: E402
 from profiles.models.pairs import load_pair  # noqa: E402
 from profiles.profiler import ProfileSettings, TimingPolicy, run_profile  # noqa: E402
-from profiles.serving.engine import EngineConfig, RealEngine  # noqa: E402
+from profiles.serving.engine import RealEngineConfig, RealEngine  # noqa: E402
 from simulator.inputs.workload import Workload  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.usefixtures("one_thread")]
@@ -199,7 +199,7 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 def serve(target, draft, requests, forward_path, tree=None):
     k = tree.num_nodes if tree else 3
-    engine = RealEngine(target, draft, EngineConfig(max_num_seqs=3, max_k=k, forward=forward_path, tree=tree),
+    engine = RealEngine(target, draft, RealEngineConfig(max_num_seqs=3, max_k=k, forward=forward_path, tree=tree),
                         make_policy("fixed-k", k), None, np.random.default_rng(0))
     return engine.run(*requests)
 

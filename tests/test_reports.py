@@ -329,7 +329,7 @@ def test_a_real_validate_run_on_the_tiny_pair_writes_its_report_last(tmp_path):
     from profiles.grid import Grid
     from profiles.models.pairs import load_pair
     from profiles.profiler import TimingPolicy
-    from profiles.serving.engine import EngineConfig, RealEngine
+    from profiles.serving.engine import RealEngineConfig, RealEngine
     from simulator.inputs.workload import Workload
 
     pair = load_pair("tiny")
@@ -341,7 +341,7 @@ def test_a_real_validate_run_on_the_tiny_pair_writes_its_report_last(tmp_path):
                    log=lambda msg: None)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 1000, 16).tolist() for _ in range(4)]
-    engine = RealEngine(pair.target, pair.draft, EngineConfig(max_k=2), make_policy("fixed-k", 2), None, rng)
+    engine = RealEngine(pair.target, pair.draft, RealEngineConfig(max_k=2), make_policy("fixed-k", 2), None, rng)
     trace = tmp_path / "acceptance.csv"
     write_trace(engine.run(Workload(np.zeros(4), [16] * 4, [12] * 4, "t"), prompts), str(trace))
     out = tmp_path / "v"

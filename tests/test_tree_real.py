@@ -19,7 +19,7 @@ from profiles.acceptance import (RANK_COLUMNS, draft_ranks, head_ranks, rank_tab
                                  walk_ranks, write_rank_table)
 from profiles.models import forward  # noqa: E402
 from profiles.models.eagle_head import EagleHead  # noqa: E402
-from profiles.serving.engine import EngineConfig, RealEngine, StepRunner  # noqa: E402
+from profiles.serving.engine import RealEngineConfig, RealEngine, StepRunner  # noqa: E402
 from profiles.serving.generate import generate  # noqa: E402
 from profiles.serving.kv import PaddedBatch, SlotBatch  # noqa: E402
 from profiles.serving.token_tree import DraftTree, grow  # noqa: E402
@@ -86,7 +86,7 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 def serve(target, drafter, workload, prompts, shape, method, seqs=3, temperature=0.0, forward_path="eager",
           seed=0):
-    config = EngineConfig(max_num_seqs=seqs, max_k=shape.num_nodes, tree=family(shape), speculative_method=method,
+    config = RealEngineConfig(max_num_seqs=seqs, max_k=shape.num_nodes, tree=family(shape), speculative_method=method,
                           temperature=temperature, forward=forward_path)
     engine = RealEngine(target, drafter, config, make_policy("fixed-k", shape.num_nodes), None,
                         np.random.default_rng(seed))
@@ -126,7 +126,7 @@ def test_greedy_head_chain_alone_in_a_batch_of_one(head_pair, requests):
     """A head without a tree drafts chains (through the tree code) and still gives the target's output."""
     target, head = head_pair
     workload, prompts = requests
-    engine = RealEngine(target, head, EngineConfig(max_num_seqs=1, max_k=3, speculative_method="eagle"),
+    engine = RealEngine(target, head, RealEngineConfig(max_num_seqs=1, max_k=3, speculative_method="eagle"),
                         make_policy("fixed-k", 3), None, np.random.default_rng(0))
     result = engine.run(workload, prompts)
     assert result.outputs == [reference_greedy(target, p, int(n)) for p, n in zip(prompts, workload.output_tokens)]
@@ -301,7 +301,7 @@ def test_draft_and_head_caches_hold_the_context_after_every_step(pair, close_dra
     workload, prompts = requests
     checked = []
     for method, (target, drafter) in (("draft_model", (pair.target, close_draft)), ("eagle", head_pair)):
-        engine = RealEngine(target, drafter, EngineConfig(max_num_seqs=3, max_k=7, tree=family(SHAPES["wide"]),
+        engine = RealEngine(target, drafter, RealEngineConfig(max_num_seqs=3, max_k=7, tree=family(SHAPES["wide"]),
                                                           speculative_method=method, forward=forward_path),
                             make_policy("fixed-k", 7), None, np.random.default_rng(0))
         step = engine._decode_step
@@ -413,17 +413,17 @@ def test_head_training_moves_only_the_heads_own_weights(head_pair):
 def test_bad_tree_and_head_settings_are_user_errors(pair, head_pair):
     target, head = head_pair
     with pytest.raises(UserError, match="speculative_method mtp is simulated only"):
-        EngineConfig(speculative_method="mtp")
+        RealEngineConfig(speculative_method="mtp")
     with pytest.raises(UserError, match="a token tree needs a model proposer"):
-        EngineConfig(proposer="ngram", max_k=2, tree=family(SHAPES["deep"]))
+        RealEngineConfig(proposer="ngram", max_k=2, tree=family(SHAPES["deep"]))
     with pytest.raises(UserError, match="k=6 is more than the token tree's 5 nodes"):
-        EngineConfig(max_k=6, tree=family(SHAPES["deep"]))
+        RealEngineConfig(max_k=6, tree=family(SHAPES["deep"]))
     with pytest.raises(UserError, match="speculative_method eagle needs an EAGLE head"):
-        RealEngine(pair.target, pair.draft, EngineConfig(speculative_method="eagle"), make_policy("fixed-k", 3), None,
-                   np.random.default_rng(0))
+        RealEngine(pair.target, pair.draft, RealEngineConfig(speculative_method="eagle"), make_policy("fixed-k", 3),
+                   None, np.random.default_rng(0))
     with pytest.raises(UserError, match="needs a draft model, not an EAGLE head"):
-        RealEngine(target, head, EngineConfig(), make_policy("fixed-k", 3), None, np.random.default_rng(0))
-    engine = RealEngine(target, head, EngineConfig(speculative_method="eagle"), make_policy("fixed-k", 3), None,
+        RealEngine(target, head, RealEngineConfig(), make_policy("fixed-k", 3), None, np.random.default_rng(0))
+    engine = RealEngine(target, head, RealEngineConfig(speculative_method="eagle"), make_policy("fixed-k", 3), None,
                         np.random.default_rng(0))
     with pytest.raises(UserError, match="the EAGLE head needs prompts of at least 2 tokens"):
         engine.run(Workload([0.0], [1], [4], "t"), [[5]])

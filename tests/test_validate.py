@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 
 from policies.registry import make_policy  # noqa: E402
 from profiles.acceptance import write_trace  # noqa: E402
-from profiles.serving.engine import EngineConfig, RealEngine  # noqa: E402
+from profiles.serving.engine import RealEngineConfig, RealEngine  # noqa: E402
 from profiles.engine_profile import EngineProfileSettings, SpeedProbe, profile_engine  # noqa: E402
 from profiles.models.pairs import load_pair  # noqa: E402
 from profiles.grid import Grid  # noqa: E402
@@ -41,7 +41,7 @@ def tiny(tmp_path_factory):
                                                timing=TIMING, rounds=7), log=lambda msg: None)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 1000, 16).tolist() for _ in range(4)]
-    engine = RealEngine(pair.target, pair.draft, EngineConfig(max_k=2), make_policy("fixed-k", 2), None, rng)
+    engine = RealEngine(pair.target, pair.draft, RealEngineConfig(max_k=2), make_policy("fixed-k", 2), None, rng)
     trace = folder / "acceptance.csv"
     write_trace(engine.run(Workload(np.zeros(4), [16] * 4, [12] * 4, "t"), prompts), str(trace))
     return pair, str(profile), str(trace)

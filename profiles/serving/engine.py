@@ -23,7 +23,7 @@ sum_i (p_i + 1) tokens (p_i proposed). Lossless:
   next position. Each output token is then distributed as the target's p. An n-gram proposal is a draft q
   with all its mass on the proposed token. (:mod:`profiles.serving.rejection_sampler`.)
 
-Token trees (``EngineConfig.tree``, vLLM's ``speculative_token_tree``) and EAGLE heads (``speculative_method``
+Token trees (``RealEngineConfig.tree``, vLLM's ``speculative_token_tree``) and EAGLE heads (``speculative_method``
 eagle): a request's k maps to the family's k-node subtree (a chain of k without a tree); a proposer
 (:class:`profiles.serving.draft_model.DraftModelTrees`, :class:`profiles.serving.eagle.EagleProposer`) drafts it one
 depth per pass (:mod:`profiles.serving.token_tree`: greedy, the draft's top candidates; sampling, draws without
@@ -35,7 +35,7 @@ always runs the tree code (its chains are one-child trees), its drafts on the ta
 target's passes then hand on.
 
 KV caches: one :class:`profiles.serving.kv.KVBatch` per model for the running batch, on the forward path of
-``EngineConfig.forward``: ``eager`` (Hugging Face's cache, a padded rectangle compacted on every merge and
+``RealEngineConfig.forward``: ``eager`` (Hugging Face's cache, a padded rectangle compacted on every merge and
 removal) or ``optimized`` (a preallocated slot per request written in place, CUDA graphs on a GPU; graph
 capture is start-up work in a deployed engine, so the engine's clock stops while a graph is captured). A
 step's rejected tokens are rolled back (:meth:`KVBatch.truncate`); finishing requests are dropped. Each request's newest token enters the target cache in
@@ -44,12 +44,12 @@ convention). The draft cache may lag further: a request's ``pending`` tokens are
 in the draft cache (the newest token, plus a fully accepted last draft token, plus every token of steps in
 which nobody speculated); the first draft pass of a step feeds them all.
 
-Speed probes (``probe`` given, ``EngineConfig.probe_every`` > 0): every ``probe_every`` seconds of the engine's
+Speed probes (``probe`` given, ``RealEngineConfig.probe_every`` > 0): every ``probe_every`` seconds of the engine's
 clock (skipped idle time, below, not counted), between steps, the engine calls ``probe()`` (validate times a few of
 the cost profile's own points with it, so that the machine's speed is measured during the run, not only around it)
 with its clock stopped: the run's timeline (arrivals, steps, latencies) is as if the probe had not run.
 
-Idle skipping (``EngineConfig.skip_idle``; speed shortcut, validation turns it on): with no request waiting or
+Idle skipping (``RealEngineConfig.skip_idle``; speed shortcut, validation turns it on): with no request waiting or
 running, the engine moves its clock on to the next arrival instead of sleeping until it. Nothing runs while an
 engine idles, so the run's timeline is the same; what differs is that the next pass follows the last one at once
 (a deployed engine's first pass after a pause may find colder caches; the simulator does not model that either).
@@ -114,7 +114,7 @@ PART_COLUMNS = ["context_tokens", "cache_slots", "target_seconds", "draft_second
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class RealEngineConfig:
     """The engine's settings (vLLM terms; tokens, sequences).
 
     The serving fields are the simulator's (:class:`simulator.config.SimConfig`: ``max_num_seqs``,
@@ -195,7 +195,7 @@ class EngineConfig:
                                "speculative_method": self.speculative_method})
 
     @classmethod
-    def from_sim_config(cls, config: SimConfig, **engine_only: Any) -> "EngineConfig":
+    def from_sim_config(cls, config: SimConfig, **engine_only: Any) -> "RealEngineConfig":
         """The engine's settings for what ``config`` simulates (its serving fields, its method and token tree) and
         ``engine_only`` fields."""
         engine, spec = config.engine, config.speculative
@@ -340,7 +340,7 @@ class StepRunner:
 class RealEngine:
     """Serves a workload with real models; see the module docstring. One :meth:`run` per instance."""
 
-    def __init__(self, target: PreTrainedModel, draft: PreTrainedModel | None, config: EngineConfig,
+    def __init__(self, target: PreTrainedModel, draft: PreTrainedModel | None, config: RealEngineConfig,
                  policy: Policy, cost_model: CostModel | None, rng: np.random.Generator,
                  acceptance: AcceptanceModel | None = None, probe: Callable[[], Any] | None = None) -> None:
         """``cost_model``: what the policy's :class:`BatchView` offers (None for policies that need none, such as

@@ -38,7 +38,7 @@ import torch
 from transformers import Cache, PreTrainedModel
 
 from policies.registry import make_policy
-from profiles.serving.engine import EngineConfig, EngineResult, RealEngine
+from profiles.serving.engine import RealEngineConfig, EngineResult, RealEngine
 from profiles.models.pairs import ModelPair
 from profiles.validation.validate import VALIDATION_PROFILE, VALIDATION_TRACE, simulation_config
 from simulator.costs.cost_model import CostModel
@@ -132,7 +132,7 @@ def serve_one(pair: ModelPair, prompt: Sequence[int], output_len: int, spec: str
     name, k, params = policy_k(spec)
     acceptance = None if twin is None else ConstantAcceptance(twin, np.random.default_rng(seed + 1))
     engine = RealEngine(pair.target, pair.draft,
-                           EngineConfig(max_num_seqs=1, max_k=k, forward=forward, cuda_graphs=cuda_graphs),
+                           RealEngineConfig(max_num_seqs=1, max_k=k, forward=forward, cuda_graphs=cuda_graphs),
                            make_policy(name, k, params), cost_model, np.random.default_rng(seed), acceptance)
     models = [pair.target] + ([pair.draft] if engine.use_draft else [])
     with KVMeter(models) as kv:

@@ -132,7 +132,7 @@ class ValidateSettings:
     """Simulations per run with every pass jittered by the real run's own scatter, for the timing floor (0: none)."""
     skip_idle: bool = True
     """The real engine moves its clock on over idle gaps instead of sleeping through them
-    (:attr:`profiles.serving.engine.EngineConfig.skip_idle`): the same timeline in the busy time only."""
+    (:attr:`profiles.serving.engine.RealEngineConfig.skip_idle`): the same timeline in the busy time only."""
 
     def __post_init__(self) -> None:
         if self.pair not in PAIRS and "+" not in self.pair:
@@ -303,7 +303,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     import torch
 
     from policies.registry import make_policy
-    from profiles.serving.engine import EngineConfig, RealEngine
+    from profiles.serving.engine import RealEngineConfig, RealEngine
     from simulator.inputs.acceptance import AcceptanceModel, make_acceptance
     from simulator.costs.cost_model import load_cost_model
     from profiles.engine_profile import SpeedProbe
@@ -321,10 +321,10 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
     engine_profile = table.meta.get("engine") is not None
     spread = (table.meta.get("engine") or {}).get("decode_length_spread", 0.0)
 
-    def engine_config(config: typing.Any) -> EngineConfig:
+    def engine_config(config: typing.Any) -> RealEngineConfig:
         """The real engine's settings for what ``config`` simulates (the same serving fields; the engine probes only
         where it is given a probe)."""
-        return EngineConfig.from_sim_config(config, forward=settings.forward, cuda_graphs=settings.cuda_graphs,
+        return RealEngineConfig.from_sim_config(config, forward=settings.forward, cuda_graphs=settings.cuda_graphs,
                                             probe_every=settings.probe_every, skip_idle=settings.skip_idle)
 
     def twin(config: typing.Any, seed: int) -> AcceptanceModel | None:
