@@ -532,7 +532,10 @@ ADAPTIVE_RUNS = [{}, {"rate": 40.0, "num_gpu_blocks": 600},  # runs end for want
                  {"policy_profile": str(Path(PROFILE).with_name("h100-80gb-analytical__llama-2-7b__llama-68m.csv"))},
                  {"proposer": "ngram", "acceptance_rate": 0.4}, {"proposer": "ngram", "ngram_match_prob": 1.0},
                  {"proposer": "ngram", "acceptance_rate": 0.0, "ngram_match_prob": 0.3},  # probes, most lookups miss
-                 {"proposer": "ngram", "rate": 40.0, "num_gpu_blocks": 600}]
+                 {"proposer": "ngram", "rate": 40.0, "num_gpu_blocks": 600},
+                 # the estimate is the last step's: k drops by more than the tokens emitted since, so a proposal before
+                 # the last reserves the most blocks (the rule that skips the others); small blocks, short of them
+                 {"block_size": 4, "k": 7, "rate": 20.0, "num_gpu_blocks": 2400, "policy_params": (("ema_weight", 1.0),)}]
 
 
 @pytest.mark.parametrize("fields", ADAPTIVE_RUNS)
