@@ -60,3 +60,27 @@ def test_the_fleet_trace_table_sets_each_policys_fleet_against_the_first():
 def test_a_fleet_trace_that_is_neither_a_name_nor_a_file_is_one_line():
     with pytest.raises(UserError, match=r"^--fleet-trace: 'nothing' is neither a trace name \(mooncake\) nor a file$"):
         main(["--fleet-trace", "nothing", "--calls", "0"])
+
+
+def test_the_plain_table_gives_each_speed_against_the_first_policys_in_the_same_round():
+    from simulator.studies.bench import single_table
+
+    header, first, second = single_table([30], ["no-spec", "goodput"], BENCH_PROFILE)
+    assert header.split()[:5] == ["requests", "policy", "steps", "process", "s"] and header.count("ratio") == 2
+    assert first.split()[:2] == ["30", "no-spec"] and first.split().count("1.00x") == 2  # the unit of the ratios
+    assert second.split()[:2] == ["30", "goodput"]
+    assert second.split()[5].endswith("x") and second.split()[7].endswith("x")  # the whole process's, the simulation's
+
+
+def test_rounds_give_medians_and_the_range_of_the_ratios():
+    from simulator.studies.bench import single_table
+
+    header, first, second = single_table([20], ["no-spec", "fixed-k"], BENCH_PROFILE, repeat=3)
+    assert header.split()[-1] == "range" and first.split()[-1] == "1.00-1.00x"
+    low, high = (float(x) for x in second.split()[-1].rstrip("x").split("-"))
+    assert low <= float(second.split()[5].rstrip("x")) <= high  # the median ratio within the range
+
+
+def test_repeat_below_one_is_one_line():
+    with pytest.raises(UserError, match=r"^--repeat: a whole number >= 1, got 0$"):
+        main(["--sizes", "10", "--repeat", "0", "--calls", "0"])

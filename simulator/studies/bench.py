@@ -4,8 +4,9 @@
 process (so start-up is counted and peak memory is that run's own), with request lengths sampled from
 the Azure LLM 2023 conversation trace (Splitwise, ISCA 2024; CC-BY 4.0; shipped, :data:`simulator.inputs.AZURE_CONV`);
 Poisson arrivals at 4 req/s; the shipped analytical
-Llama-2-7B (A100-80GB) cost model, the setting Vidur's reference numbers come from. It prints a table;
-the figures are noisy on shared machines, so compare ratios, not seconds. Then (``--calls N``, 0 to skip) the
+Llama-2-7B (A100-80GB) cost model, the setting Vidur's reference numbers come from. It prints a table, each speed
+with its ratio to the first policy's; the figures are noisy on shared machines, so compare ratios, not seconds, and
+``--repeat N`` runs the policies in N interleaved rounds and prints medians and the ratios' range. Then (``--calls N``, 0 to skip) the
 microseconds per call of the cost-model methods the engine calls millions of times a run. A policy may carry
 variants: ``+ngram`` (n-gram proposer), ``+chunked`` (chunked prefill), ``+tree`` (SGLang's default EAGLE token tree
 of 7 nodes, k = 7), ``+NAME=VALUE`` (a policy parameter);
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import statistics
 import subprocess
 import sys
 import time
@@ -102,6 +104,29 @@ def _run_child(config: dict) -> tuple[float, dict]:
     out = subprocess.run([sys.executable, "-m", "simulator.studies.bench", "--child", json.dumps(config)],
                          check=True, capture_output=True, text=True).stdout
     return time.perf_counter() - start, json.loads(out.strip().splitlines()[-1])
+
+
+def single_table(sizes: list[int], policies: list[str], profile: Path, repeat: int = 1) -> list[str]:
+    """The plain bench's lines: per size and policy, each in a fresh process, its steps, wall seconds (the whole
+    process), requests per wall-second (the whole process; the simulation alone) and peak memory, with each speed's
+    ratio to the first policy's in the same round (this / first). ``repeat`` rounds run every policy once each, in
+    order, so that a drift of the machine's speed falls on neighbours; each figure is then the median over the rounds
+    and ``range`` the lowest and highest ratio of the whole process's speed."""
+    lines = [f"{'requests':>9} {'policy':>16} {'steps':>9} {'process s':>10} {'req/s':>9} {'ratio':>6} "
+             f"{'sim-only req/s':>15} {'ratio':>6} {'peak MB':>8}" + (f" {'range':>11}" if repeat > 1 else "")]
+    for size in sizes:
+        rounds = [[_run_child(_case_config(size, policy, profile)) for policy in policies] for _ in range(repeat)]
+        for i, policy in enumerate(policies):
+            mine = [row[i] for row in rounds]
+            ratios = [row[0][0] / row[i][0] for row in rounds]  # speed over the first's: its wall seconds over these
+            sim_ratios = [row[0][1]["sim_wall"] / row[i][1]["sim_wall"] for row in rounds]
+            wall = statistics.median(wall for wall, _ in mine)
+            sim_wall = statistics.median(fig["sim_wall"] for _, fig in mine)
+            line = (f"{size:>9} {policy:>16} {mine[0][1]['steps']:>9} {wall:>10.2f} {size / wall:>9.0f} "
+                    f"{statistics.median(ratios):>5.2f}x {size / sim_wall:>15.0f} "
+                    f"{statistics.median(sim_ratios):>5.2f}x {max(fig['peak_mb'] for _, fig in mine):>8.0f}")
+            lines.append(line + (f" {min(ratios):>5.2f}-{max(ratios):.2f}x" if repeat > 1 else ""))
+    return lines
 
 
 def fleet_table(replicas: int, requests: int, rate: float, policies: list[str], profile: Path) -> list[str]:
@@ -251,6 +276,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--fleet-trace", metavar="NAME|FILE",
                         help="replay this request trace (a name: " + ", ".join(FLEET_TRACES) + "; or a trace file) at "
                              "--fleet-rate per replica and compare the policies' fleets with the first's")
+    parser.add_argument("--repeat", default="1", metavar="N",
+                        help="rounds of the plain bench, >= 1: every policy runs once a round, in order, and the table "
+                             "gives each figure's median over the rounds and the range of its ratios (default 1)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -281,14 +309,11 @@ def main(argv: list[str]) -> int:
               f"Azure conv trace lengths, {args.profile}")
         print("\n".join(fleet_table(fleet, fleet_requests, fleet_rate[0], policies, args.profile)))
         return 0
-    print(f"Poisson 4 req/s, Azure conv trace lengths, {args.profile}, k=4 for fixed-k")
-    print(f"{'requests':>9} {'policy':>16} {'steps':>9} {'process s':>10} {'req/s':>9} {'sim-only req/s':>15} "
-          f"{'peak MB':>8}")
-    for size in sizes:
-        for policy in policies:
-            wall, fig = _run_child(_case_config(size, policy, args.profile))
-            print(f"{size:>9} {policy:>16} {fig['steps']:>9} {wall:>10.2f} {size / wall:>9.0f} "
-                  f"{size / fig['sim_wall']:>15.0f} {fig['peak_mb']:>8.0f}")
+    repeat = _whole("--repeat", args.repeat, 1)
+    print(f"Poisson 4 req/s, Azure conv trace lengths, {args.profile}, k=4 for fixed-k"
+          + (f"; medians of {repeat} rounds" if repeat > 1 else ""))
+    for line in single_table(sizes, policies, args.profile, repeat):
+        print(line)
     if calls > 0:
         print(f"cost-model calls ({calls} each):")
         print("\n".join(cost_call_speeds(calls)))
