@@ -79,9 +79,8 @@ def measure_acceptance(pair: ModelPair, k: int, output_len: int, max_num_seqs: i
     if k < 1:
         raise UserError(f"--k: must be >= 1 to measure acceptance (got {k})")
     workload, prompts = shipped_workload(pair.tokenizer, output_len)
-    engine = RealEngine(pair.target, pair.draft, RealEngineConfig(max_num_seqs=max_num_seqs, max_k=k,
-                                                                  temperature=temperature, speculative_method=method),
-                           make_policy("fixed-k", k), None, np.random.default_rng(seed))
+    config = RealEngineConfig(max_num_seqs=max_num_seqs, max_k=k, temperature=temperature, speculative_method=method)
+    engine = RealEngine(pair.target, pair.draft, config, make_policy("fixed-k", k), None, np.random.default_rng(seed))
     return engine.run(workload, prompts)
 
 

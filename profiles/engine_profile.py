@@ -285,11 +285,9 @@ def measure_overhead(pair: ModelPair, settings: EngineProfileSettings,
         n = 2 * b
         workload = Workload(np.zeros(n), np.full(n, prompt_len), np.full(n, OVERHEAD_OUTPUT_LEN), "overhead run")
         prompts = rng.integers(0, vocab, (n, prompt_len)).tolist()
-        engine = RealEngine(pair.target, pair.draft, RealEngineConfig(max_num_seqs=b, max_k=OVERHEAD_K,
-                                                                  temperature=settings.temperature,
-                                                                  forward=settings.forward,
-                                                                  cuda_graphs=settings.cuda_graphs),
-                               make_policy("fixed-k", OVERHEAD_K), None, rng)
+        config = RealEngineConfig(max_num_seqs=b, max_k=OVERHEAD_K, temperature=settings.temperature,
+                                  forward=settings.forward, cuda_graphs=settings.cuda_graphs)
+        engine = RealEngine(pair.target, pair.draft, config, make_policy("fixed-k", OVERHEAD_K), None, rng)
         steps = engine.run(workload, prompts).steps
         steps["overhead"] = steps["seconds"] - steps["target_seconds"] - steps["draft_seconds"]
         decode = steps[(steps["kind"] == "decode") & (steps["batch_size"] == b)]

@@ -233,9 +233,10 @@ def check(setup: Setup, out_dir: Path) -> pd.DataFrame:
             b = row.batch_size
             with_mtp = simulate(profile, setup, b, True)
             without = plain[b][1] if b in plain else simulate(profile, setup, b, False)
+            sim = with_mtp / without
             rows.append({"setup": setup.name, "use": use, "batch_size": b, "quantity": "speedup",
-                         "published": row.speedup, "simulated": with_mtp / without,
-                         "error": with_mtp / without - row.speedup, "fitted": fitted, "source": row.source})
+                         "published": row.speedup, "simulated": sim, "error": sim - row.speedup, "fitted": fitted,
+                         "source": row.source})
             if setup.spec_series == setup.speed_series and b in plain:  # one source's two speeds: the MTP one
                 published = row.speedup * plain[b][0]
                 rows.append({"setup": setup.name, "use": "derived", "batch_size": b, "quantity": "tok/s MTP",

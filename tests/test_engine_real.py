@@ -65,7 +65,7 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 def serve(pair, draft, workload, prompts, policy="fixed-k", k=3, seqs=4, params=None, **config):
     engine = RealEngine(pair.target, draft, RealEngineConfig(max_num_seqs=seqs, max_k=k, **config),
-                           make_policy(policy, k, params), COST, np.random.default_rng(0))
+                        make_policy(policy, k, params), COST, np.random.default_rng(0))
     return engine.run(workload, prompts)
 
 
@@ -124,7 +124,7 @@ def test_the_draft_cache_stays_in_step_with_the_context(pair, close_draft, reque
     """After every step the draft cache plus the pending tokens spell each request's context."""
     workload, prompts = requests
     engine = RealEngine(pair.target, close_draft, RealEngineConfig(max_num_seqs=4, max_k=3, forward=forward_path),
-                           make_policy("fixed-k", 3), COST, np.random.default_rng(0))
+                        make_policy("fixed-k", 3), COST, np.random.default_rng(0))
     checked = []
     step = engine._decode_step
 
@@ -245,8 +245,8 @@ def test_the_timing_twin_takes_its_acceptances_from_the_model_and_says_tokens_ar
     (here every proposed token: rate 1), so each speculative step emits k + 1 tokens."""
     workload, prompts = requests
     engine = RealEngine(pair.target, pair.draft, RealEngineConfig(max_num_seqs=4, max_k=3, forward="optimized"),
-                           make_policy("fixed-k", 3), COST, np.random.default_rng(0),
-                           acceptance=ConstantAcceptance(1.0, np.random.default_rng(1)))
+                        make_policy("fixed-k", 3), COST, np.random.default_rng(0),
+                        acceptance=ConstantAcceptance(1.0, np.random.default_rng(1)))
     result = engine.run(workload, prompts)
     assert result.summary["tokens"].startswith("meaningless")
     assert (result.acceptance["accepted"] == result.acceptance["proposed"]).all()
@@ -362,7 +362,7 @@ def test_bad_inputs_are_user_errors(pair, requests, tmp_path):
     other_vocab.config.vocab_size = 999
     with pytest.raises(UserError, match="vocabulary"):
         RealEngine(pair.target, other_vocab, RealEngineConfig(), make_policy("fixed-k", 3), COST,
-                      np.random.default_rng(0))
+                   np.random.default_rng(0))
     with pytest.raises(UserError, match="needs a draft model"):
         RealEngine(pair.target, None, RealEngineConfig(), make_policy("fixed-k", 3), COST, np.random.default_rng(0))
     long_prompt = [[1] * 8190]

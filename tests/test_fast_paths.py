@@ -535,7 +535,8 @@ ADAPTIVE_RUNS = [{}, {"rate": 40.0, "num_gpu_blocks": 600},  # runs end for want
                  {"proposer": "ngram", "rate": 40.0, "num_gpu_blocks": 600},
                  # the estimate is the last step's: k drops by more than the tokens emitted since, so a proposal before
                  # the last reserves the most blocks (the rule that skips the others); small blocks, short of them
-                 {"block_size": 4, "k": 7, "rate": 20.0, "num_gpu_blocks": 2400, "policy_params": (("ema_weight", 1.0),)}]
+                 {"block_size": 4, "k": 7, "rate": 20.0, "num_gpu_blocks": 2400,
+                  "policy_params": (("ema_weight", 1.0),)}]
 
 
 @pytest.mark.parametrize("fields", ADAPTIVE_RUNS)

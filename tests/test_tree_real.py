@@ -86,8 +86,8 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 def serve(target, drafter, workload, prompts, shape, method, seqs=3, temperature=0.0, forward_path="eager",
           seed=0):
-    config = RealEngineConfig(max_num_seqs=seqs, max_k=shape.num_nodes, tree=family(shape), speculative_method=method,
-                          temperature=temperature, forward=forward_path)
+    config = RealEngineConfig(max_num_seqs=seqs, max_k=shape.num_nodes, tree=family(shape),
+                              speculative_method=method, temperature=temperature, forward=forward_path)
     engine = RealEngine(target, drafter, config, make_policy("fixed-k", shape.num_nodes), None,
                         np.random.default_rng(seed))
     paths = []
@@ -302,7 +302,7 @@ def test_draft_and_head_caches_hold_the_context_after_every_step(pair, close_dra
     checked = []
     for method, (target, drafter) in (("draft_model", (pair.target, close_draft)), ("eagle", head_pair)):
         engine = RealEngine(target, drafter, RealEngineConfig(max_num_seqs=3, max_k=7, tree=family(SHAPES["wide"]),
-                                                          speculative_method=method, forward=forward_path),
+                                                              speculative_method=method, forward=forward_path),
                             make_policy("fixed-k", 7), None, np.random.default_rng(0))
         step = engine._decode_step
 

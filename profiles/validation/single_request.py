@@ -132,8 +132,8 @@ def serve_one(pair: ModelPair, prompt: Sequence[int], output_len: int, spec: str
     name, k, params = policy_k(spec)
     acceptance = None if twin is None else ConstantAcceptance(twin, np.random.default_rng(seed + 1))
     engine = RealEngine(pair.target, pair.draft,
-                           RealEngineConfig(max_num_seqs=1, max_k=k, forward=forward, cuda_graphs=cuda_graphs),
-                           make_policy(name, k, params), cost_model, np.random.default_rng(seed), acceptance)
+                        RealEngineConfig(max_num_seqs=1, max_k=k, forward=forward, cuda_graphs=cuda_graphs),
+                        make_policy(name, k, params), cost_model, np.random.default_rng(seed), acceptance)
     models = [pair.target] + ([pair.draft] if engine.use_draft else [])
     with KVMeter(models) as kv:
         result = engine.run(one_request(len(prompt), output_len), [list(prompt)])

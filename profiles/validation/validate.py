@@ -325,7 +325,7 @@ def run_validation(pair: ModelPair, settings: ValidateSettings,
         """The real engine's settings for what ``config`` simulates (the same serving fields; the engine probes only
         where it is given a probe)."""
         return RealEngineConfig.from_sim_config(config, forward=settings.forward, cuda_graphs=settings.cuda_graphs,
-                                            probe_every=settings.probe_every, skip_idle=settings.skip_idle)
+                                                probe_every=settings.probe_every, skip_idle=settings.skip_idle)
 
     def twin(config: typing.Any, seed: int) -> AcceptanceModel | None:
         """The twin's acceptance model (the simulation's own, of ``config``: constant, with its rank model for trees)

@@ -289,6 +289,7 @@ def main(argv: list[str]) -> int:
         return 0
     fleet = _whole("--fleet", args.fleet, 0)
     calls = _whole("--calls", args.calls, 0)
+    repeat = _whole("--repeat", args.repeat, 1)
     fleet_requests = None if args.fleet_requests is None else _whole("--fleet-requests", args.fleet_requests, 1)
     fleet_rate = parse_rates("--fleet-rate", args.fleet_rate)
     if len(fleet_rate) != 1:
@@ -312,7 +313,6 @@ def main(argv: list[str]) -> int:
               f"Azure conv trace lengths, {args.profile}")
         print("\n".join(fleet_table(fleet, fleet_requests, fleet_rate[0], policies, args.profile)))
         return 0
-    repeat = _whole("--repeat", args.repeat, 1)
     print(f"Poisson 4 req/s, Azure conv trace lengths, {args.profile}, k=4 for fixed-k"
           + (f"; medians of {repeat} rounds" if repeat > 1 else ""))
     for line in single_table(sizes, policies, args.profile, repeat):
