@@ -23,7 +23,14 @@ the speculative calibration's ``head_pass_s`` (:class:`profiles.spec_calibrate.S
 speculation can tell it apart from the target's, so :func:`fit_draft` fits it to the series' batch-1 speedup with
 speculation; the larger batches stay held out.
 
-    python -m profiles.moe_checks --out results/moe_checks      # prints the table, writes moe_checks.csv there
+Where one source gives both speeds at several batches, :func:`routing_readings` asks the published numbers alone how
+the batch routed (bandwidth arithmetic, no fit): SpecDecode-Bench's GLM-4.5-Air batches of B identical greedy copies
+decoded without speculation in steps below what independent routing could read at the datasheet's bandwidth (the
+copies woke the same experts), and with MTP in steps at that floor (as if independently); no one routing for both
+arms gives its batch-4 speedup within :data:`TOLERANCE` (docs/profiles.md).
+
+    python -m profiles.moe_checks --out results/moe_checks      # prints the tables, writes moe_checks.csv and
+                                                                # routing_readings.csv there
 """
 from __future__ import annotations
 
@@ -38,6 +45,9 @@ from scipy.optimize import brentq, least_squares
 
 from policies.errors import FlagParser, exit_on_user_error
 from profiles.analytical import DATA_DIR, Deployment, Efficiency, GPUS, Placement, analytical_profile, pass_cost
+from profiles.architectures import Architecture
+from profiles.architectures.moe import MoE, woken_experts
+from profiles.architectures.precision import WEIGHT_BYTES
 from profiles.grid import Grid
 
 MOE_DATA = DATA_DIR / "moe_speculation"
@@ -245,6 +255,59 @@ def check(setup: Setup, out_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def expert_read_s(setup: Setup, tokens: int) -> float:
+    """Seconds one pass of ``tokens`` tokens routed independently (uniform, :func:`woken_experts`) spends reading its
+    woken experts' weights on one of ``setup.tp`` devices at the GPU's peak HBM bandwidth, over the target's MoE
+    layers: a floor of what those experts add to a pass (nothing else in it counted, the datasheet's bandwidth)."""
+    arch = Architecture.from_config(setup.target, "--target")
+    width = WEIGHT_BYTES[arch.precisions()["experts"]]
+    read = sum(count * woken_experts(tokens, layer.ffn.experts, layer.ffn.top_k) * layer.ffn.expert_params * width
+               for layer, count in arch.layer_counts if isinstance(layer.ffn, MoE))
+    return read / setup.tp / GPUS[setup.gpu_key].hbm_bandwidth
+
+
+def routing_readings(setup: Setup) -> pd.DataFrame:
+    """What the published speeds themselves say of how a batch's requests routed, where one source gives both speeds
+    at several batches (SpecDecode-Bench's batches of B identical greedy copies): bandwidth arithmetic on the published
+    numbers, nothing fitted and no simulation. From the published batch-1 steps (seconds a step: ``batch`` / tokens/s
+    without speculation, ``batch`` x L / tokens/s with it, L = 1 + the sum of the unconditional position rates), each
+    larger batch's step
+
+    - **if the requests routed independently** is at least the batch-1 step plus the reading of the experts the added
+      tokens wake (:func:`expert_read_s` of B tokens without speculation, B (k + 1) verified with it, less batch 1's):
+      a floor, as the rest of a pass only grows with the batch;
+    - **if the copies routed alike** (the same tokens, the same experts) the expert reads stay those of batch 1: the
+      step without speculation is then at least batch 1's, and with speculation about batch 1's plus what the batch
+      added without it (the context read and the per-request work, the same requests; an estimate, not a floor).
+
+    The speedup each reading gives when both arms route the same way (L x step without / step with: independent, from
+    both floors; alike, from the published step without and the estimate with) is set against the published one.
+    ``closer``: the reading whose step is nearer the published one (by log ratio)."""
+    speeds = measurements(setup.speed_series, "fit", "no_spec_tok_s").set_index("batch_size")["no_spec_tok_s"]
+    gains = pd.concat([measurements(setup.spec_series, use, "speedup") for use in ("fit", "check")]
+                      ).set_index("batch_size")["speedup"]
+    length = 1 + float(np.sum(np.cumprod(setup.positions)))
+    without = {b: b / speeds[b] for b in speeds.index if b in gains.index}  # the published steps, seconds
+    with_spec = {b: b * length / (gains[b] * speeds[b]) for b in without}
+    rows = []
+    for b in sorted(without)[1:]:
+        steps = {"without MTP": (without[b], without[1] + expert_read_s(setup, b) - expert_read_s(setup, 1),
+                                 without[1]),
+                 "with MTP": (with_spec[b], with_spec[1] + expert_read_s(setup, b * (setup.k + 1))
+                              - expert_read_s(setup, setup.k + 1), with_spec[1] + without[b] - without[1])}
+        for arm, (published, independent, alike) in steps.items():
+            closer = "independent" if abs(math.log(published / independent)) < abs(math.log(published / alike)) \
+                else "alike"
+            rows.append({"setup": setup.name, "batch_size": b, "quantity": f"step ms {arm}",
+                         "published": 1e3 * published, "if independent": 1e3 * independent, "if alike": 1e3 * alike,
+                         "closer": closer})
+        (_, free_without, _), (_, free_with, alike_with) = steps.values()
+        rows.append({"setup": setup.name, "batch_size": b, "quantity": "speedup, both arms one way",
+                     "published": gains[b], "if independent": length * free_without / free_with,
+                     "if alike": length * without[b] / alike_with, "closer": ""})
+    return pd.DataFrame(rows)
+
+
 def run_checks(out_dir: str | Path, setups: tuple[Setup, ...] = SETUPS) -> pd.DataFrame:
     """Every setup's fit and check rows, written to ``out_dir/moe_checks.csv`` (the profiles beside it);
     ``within``: a held-out check's speedup within :data:`TOLERANCE` of the published one (empty for fit and derived
@@ -257,6 +320,14 @@ def run_checks(out_dir: str | Path, setups: tuple[Setup, ...] = SETUPS) -> pd.Da
     return table
 
 
+def run_readings(out_dir: str | Path, setups: tuple[Setup, ...] = SETUPS) -> pd.DataFrame:
+    """:func:`routing_readings` of every setup whose speeds with and without speculation come from one source, written
+    to ``out_dir/routing_readings.csv``."""
+    table = pd.concat([routing_readings(s) for s in setups if s.spec_series == s.speed_series], ignore_index=True)
+    table.to_csv(Path(out_dir) / "routing_readings.csv", index=False)
+    return table
+
+
 def main(argv: list[str]) -> int:
     parser = FlagParser(prog="python -m profiles.moe_checks", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="results/moe_checks", help="folder for the table and the fitted profiles")
@@ -264,6 +335,10 @@ def main(argv: list[str]) -> int:
     table = run_checks(args.out)
     with pd.option_context("display.width", 200, "display.max_colwidth", 60):
         print(table.drop(columns=["source"]).round(3).to_string(index=False))
+    readings = run_readings(args.out)
+    print("\nWhat the published steps say of routing (bandwidth arithmetic from the published batch-1 steps; "
+          "routing_readings):")
+    print(readings.round(3).to_string(index=False))
     for setup in SETUPS:
         print(f"{setup.name}: k = {setup.k}, acceptance {', '.join(f'{p:.3f}' for p in setup.positions)} "
               f"({setup.acceptance_source})")

@@ -14,7 +14,8 @@ import pytest
 
 from profiles.architectures import Architecture
 from profiles.moe_checks import (GLM_45_AIR, MEASUREMENTS, SETUPS, TOLERANCE, conditional, constant_rate,
-                                 decode_step_s, fit, measurements, run_checks)
+                                 decode_step_s, expert_read_s, fit, measurements, routing_readings, run_checks,
+                                 run_readings)
 
 
 def test_a_mean_acceptance_length_is_one_rate_a_position():
@@ -90,3 +91,35 @@ def test_the_checks_table_names_which_published_speedups_the_simulator_meets(tmp
     plain_at_4 = fits[(fits["quantity"] == "tok/s no-spec") & (fits["batch_size"] == 4)
                       & (fits["setup"] == SETUPS[2].name)]["error"]
     assert plain_at_4.item() < -0.1
+
+
+def test_the_expert_reads_of_a_pass_are_its_woken_experts_bytes_at_the_datasheets_bandwidth():
+    glm = SETUPS[2]  # GLM-4.5-Air on 4 x H100: 45 MoE layers of 128 experts, top 8, each 3 x 4096 x 1408 in bf16
+    one_expert_s = 45 * 3 * 4096 * 1408 * 2 / 4 / 3.35e12
+    assert expert_read_s(glm, 1) == pytest.approx(8 * one_expert_s)
+    assert expert_read_s(glm, 4) == pytest.approx(128 * (1 - (1 - 8 / 128) ** 4) * one_expert_s)
+    assert expert_read_s(glm, 10_000) == pytest.approx(128 * one_expert_s)  # every expert, once
+
+
+def test_the_published_glm_steps_say_the_copies_shared_experts_without_mtp_and_not_with_it(tmp_path):
+    readings = routing_readings(SETUPS[2])
+    steps = readings[readings["quantity"].str.startswith("step")]
+    assert [(r.batch_size, r.quantity, r.closer) for r in steps.itertuples()] == [
+        (2, "step ms without MTP", "alike"), (2, "step ms with MTP", "independent"),
+        (4, "step ms without MTP", "alike"), (4, "step ms with MTP", "independent")]
+    plain = steps[steps["quantity"] == "step ms without MTP"].set_index("batch_size")
+    # without speculation the published step is under the floor of independent routing (1.8 ms under it at batch 4):
+    # the copies cannot have woken experts of their own
+    assert (plain["published"] < plain["if independent"]).all()
+    assert plain.loc[4, "if independent"] - plain.loc[4, "published"] > 1.5
+    mtp = steps[steps["quantity"] == "step ms with MTP"].set_index("batch_size")
+    # with MTP the published step sits at that floor (within 1.1%), 5 ms above what shared experts would give
+    assert ((mtp["published"] / mtp["if independent"] - 1).abs() < 0.011).all()
+    assert mtp.loc[4, "published"] - mtp.loc[4, "if alike"] > 5
+    # so no one routing for both arms gives batch 4's published speedup within the tolerance, either way
+    gains = readings[readings["quantity"] == "speedup, both arms one way"].set_index("batch_size")
+    assert gains.loc[4, "if independent"] - gains.loc[4, "published"] > TOLERANCE + 0.1
+    assert gains.loc[4, "if alike"] - gains.loc[4, "published"] > TOLERANCE + 0.1
+    assert abs(gains.loc[2, "if independent"] - gains.loc[2, "published"]) < TOLERANCE
+    written = run_readings(tmp_path)
+    assert written.equals(readings) and pd.read_csv(tmp_path / "routing_readings.csv").shape == readings.shape
