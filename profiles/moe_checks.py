@@ -27,10 +27,11 @@ Where one source gives both speeds at several batches, :func:`routing_readings` 
 the batch routed (bandwidth arithmetic, no fit): SpecDecode-Bench's GLM-4.5-Air batches of B identical greedy copies
 decoded without speculation in steps below what independent routing could read at the datasheet's bandwidth (the
 copies woke the same experts), and with MTP in steps at that floor (as if independently); no one routing for both
-arms gives its batch-4 speedup within :data:`TOLERANCE` (docs/profiles.md).
+arms gives its batch-4 speedup within :data:`TOLERANCE`. Its n-gram arm's steps grow with the batch as plain decoding's
+(:func:`step_growth`): what woke more experts is particular to the MTP path (docs/profiles.md).
 
-    python -m profiles.moe_checks --out results/moe_checks      # prints the tables, writes moe_checks.csv and
-                                                                # routing_readings.csv there
+    python -m profiles.moe_checks --out results/moe_checks      # prints the tables, writes moe_checks.csv,
+                                                                # routing_readings.csv and step_growth.csv there
 """
 from __future__ import annotations
 
@@ -54,6 +55,8 @@ MOE_DATA = DATA_DIR / "moe_speculation"
 #: The published numbers used here, one row a (series, batch): ``fit`` rows (tokens/s without speculation) and
 #: ``check`` rows (speedup with speculation), each with its source.
 MEASUREMENTS = MOE_DATA / "checks.csv"
+#: SpecDecode-Bench's Fig. 3 bars read from the vector PDF: every method's tokens/s by batch (source: its README).
+FIG3 = DATA_DIR / "specdecode_bench" / "fig3_reasoning_throughput.csv"
 #: GLM-4.5-Air's config assembled from quoted values (its ``_source`` and ``_unverified`` keys say which).
 GLM_45_AIR = MOE_DATA / "glm-4.5-air.assembled.json"
 #: How far a simulated speedup may be from the published one (issue 31 item 6).
@@ -320,12 +323,28 @@ def run_checks(out_dir: str | Path, setups: tuple[Setup, ...] = SETUPS) -> pd.Da
     return table
 
 
-def run_readings(out_dir: str | Path, setups: tuple[Setup, ...] = SETUPS) -> pd.DataFrame:
-    """:func:`routing_readings` of every setup whose speeds with and without speculation come from one source, written
-    to ``out_dir/routing_readings.csv``."""
+def step_growth(model: str = "zai-org/GLM-4.5-Air") -> pd.DataFrame:
+    """Each method's published step at a batch over its step at batch 1, by dataset (SpecDecode-Bench's Fig. 3 bars,
+    :data:`FIG3`): batch x tokens/s at batch 1 / tokens/s at the batch, the growth of the step as long as a step emits
+    as many tokens a request as at batch 1 (so for copies of one prompt). Without speculation and with n-gram drafts
+    (looked up in the copies' identical contexts) it grows alike; with MTP far more (docs/profiles.md)."""
+    bars = pd.read_csv(FIG3)
+    bars = bars[bars["model"] == model]
+    first = bars[bars["batch_size"] == 1].set_index(["dataset", "method"])["throughput_tok_s"]
+    rows = [{"dataset": row.dataset, "method": row.method, "batch_size": row.batch_size,
+             "step over batch 1's": row.batch_size * first[row.dataset, row.method] / row.throughput_tok_s}
+            for row in bars.itertuples() if row.batch_size > 1]
+    return pd.DataFrame(rows).sort_values(["dataset", "method", "batch_size"], ignore_index=True)
+
+
+def run_readings(out_dir: str | Path, setups: tuple[Setup, ...] = SETUPS) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """:func:`routing_readings` of every setup whose speeds with and without speculation come from one source, and
+    :func:`step_growth` of GLM-4.5-Air's bars, written to ``out_dir/routing_readings.csv`` and ``step_growth.csv``."""
     table = pd.concat([routing_readings(s) for s in setups if s.spec_series == s.speed_series], ignore_index=True)
     table.to_csv(Path(out_dir) / "routing_readings.csv", index=False)
-    return table
+    growth = step_growth()
+    growth.to_csv(Path(out_dir) / "step_growth.csv", index=False)
+    return table, growth
 
 
 def main(argv: list[str]) -> int:
@@ -335,10 +354,12 @@ def main(argv: list[str]) -> int:
     table = run_checks(args.out)
     with pd.option_context("display.width", 200, "display.max_colwidth", 60):
         print(table.drop(columns=["source"]).round(3).to_string(index=False))
-    readings = run_readings(args.out)
+    readings, growth = run_readings(args.out)
     print("\nWhat the published steps say of routing (bandwidth arithmetic from the published batch-1 steps; "
           "routing_readings):")
     print(readings.round(3).to_string(index=False))
+    print("\nGLM-4.5-Air's published step at batch 2 and 4 over batch 1's, by method (step_growth):")
+    print(growth.pivot(index=["dataset", "method"], columns="batch_size").round(3).to_string())
     for setup in SETUPS:
         print(f"{setup.name}: k = {setup.k}, acceptance {', '.join(f'{p:.3f}' for p in setup.positions)} "
               f"({setup.acceptance_source})")

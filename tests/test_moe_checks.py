@@ -15,7 +15,7 @@ import pytest
 from profiles.architectures import Architecture
 from profiles.moe_checks import (GLM_45_AIR, MEASUREMENTS, SETUPS, TOLERANCE, conditional, constant_rate,
                                  decode_step_s, expert_read_s, fit, measurements, routing_readings, run_checks,
-                                 run_readings)
+                                 run_readings, step_growth)
 
 
 def test_a_mean_acceptance_length_is_one_rate_a_position():
@@ -121,5 +121,15 @@ def test_the_published_glm_steps_say_the_copies_shared_experts_without_mtp_and_n
     assert gains.loc[4, "if independent"] - gains.loc[4, "published"] > TOLERANCE + 0.1
     assert gains.loc[4, "if alike"] - gains.loc[4, "published"] > TOLERANCE + 0.1
     assert abs(gains.loc[2, "if independent"] - gains.loc[2, "published"]) < TOLERANCE
-    written = run_readings(tmp_path)
+    written, growth = run_readings(tmp_path)
     assert written.equals(readings) and pd.read_csv(tmp_path / "routing_readings.csv").shape == readings.shape
+    assert growth.equals(step_growth()) and (tmp_path / "step_growth.csv").is_file()
+
+
+def test_only_the_mtp_path_grows_its_step_with_copies_n_gram_drafts_grow_it_as_plain_decoding_does():
+    growth = step_growth().set_index(["dataset", "method", "batch_size"])["step over batch 1's"]
+    assert growth["gpqa_main", "none", 4] == pytest.approx(4 * 140.7 / 514.6)  # batch x tokens/s at 1 / at 4
+    for dataset in ("gpqa_main", "aime22-24"):
+        # n-gram drafts, looked up in the copies' identical contexts, grow the step as plain decoding does
+        assert abs(growth[dataset, "ngram", 4] - growth[dataset, "none", 4]) < 0.06
+        assert growth[dataset, "mtp", 4] - growth[dataset, "none", 4] > 0.4
