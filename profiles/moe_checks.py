@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import sys
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -258,11 +259,17 @@ def check(setup: Setup, out_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+@lru_cache(maxsize=None)
+def _architecture(target: str) -> Architecture:
+    """The target's architecture, its config read once (:func:`expert_read_s` asks for it per token count)."""
+    return Architecture.from_config(target, "--target")
+
+
 def expert_read_s(setup: Setup, tokens: int) -> float:
     """Seconds one pass of ``tokens`` tokens routed independently (uniform, :func:`woken_experts`) spends reading its
     woken experts' weights on one of ``setup.tp`` devices at the GPU's peak HBM bandwidth, over the target's MoE
     layers: a floor of what those experts add to a pass (nothing else in it counted, the datasheet's bandwidth)."""
-    arch = Architecture.from_config(setup.target, "--target")
+    arch = _architecture(setup.target)
     width = WEIGHT_BYTES[arch.precisions()["experts"]]
     read = sum(count * woken_experts(tokens, layer.ffn.experts, layer.ffn.top_k) * layer.ffn.expert_params * width
                for layer, count in arch.layer_counts if isinstance(layer.ffn, MoE))
@@ -293,18 +300,17 @@ def routing_readings(setup: Setup) -> pd.DataFrame:
     without = {b: b / speeds[b] for b in speeds.index if b in gains.index}  # the published steps, seconds
     with_spec = {b: b * length / (gains[b] * speeds[b]) for b in without}
     rows = []
+    verified = setup.k + 1  # tokens a request verifies a step with speculation
     for b in sorted(without)[1:]:
-        steps = {"without MTP": (without[b], without[1] + expert_read_s(setup, b) - expert_read_s(setup, 1),
-                                 without[1]),
-                 "with MTP": (with_spec[b], with_spec[1] + expert_read_s(setup, b * (setup.k + 1))
-                              - expert_read_s(setup, setup.k + 1), with_spec[1] + without[b] - without[1])}
-        for arm, (published, independent, alike) in steps.items():
-            closer = "independent" if abs(math.log(published / independent)) < abs(math.log(published / alike)) \
-                else "alike"
+        free_without = without[1] + expert_read_s(setup, b) - expert_read_s(setup, 1)
+        free_with = with_spec[1] + expert_read_s(setup, b * verified) - expert_read_s(setup, verified)
+        alike_with = with_spec[1] + without[b] - without[1]
+        for arm, published, independent, alike in (("without MTP", without[b], free_without, without[1]),
+                                                   ("with MTP", with_spec[b], free_with, alike_with)):
+            nearer = abs(math.log(published / independent)) < abs(math.log(published / alike))
             rows.append({"setup": setup.name, "batch_size": b, "quantity": f"step ms {arm}",
                          "published": 1e3 * published, "if independent": 1e3 * independent, "if alike": 1e3 * alike,
-                         "closer": closer})
-        (_, free_without, _), (_, free_with, alike_with) = steps.values()
+                         "closer": "independent" if nearer else "alike"})
         rows.append({"setup": setup.name, "batch_size": b, "quantity": "speedup, both arms one way",
                      "published": gains[b], "if independent": length * free_without / free_with,
                      "if alike": length * without[b] / alike_with, "closer": ""})
