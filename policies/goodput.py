@@ -27,9 +27,10 @@ here is 0.05: at light load a step verifies only a few tokens, and with w = 0.15
 - ``estimator=tokens`` (default) estimates the per-token rate consistently: the ratio of moving
   averages of accepted tokens A and of Bernoulli trials A + R (R = requests whose run ended in a
   rejection), a <- EMA(A) / EMA(A + R), the maximum-likelihood estimate of a truncated geometric. Both
-  averages start from the pseudo-observation (alpha_init, 1). ``acceptance=global`` keeps one rate, ``request`` one per request (a request not yet
-observed uses the global rate; its first update starts from it), ``position`` one per draft position
-(P(accept j | reached j)).
+  averages start from the pseudo-observation (alpha_init, 1).
+
+``acceptance=global`` keeps one rate, ``request`` one per request (a request not yet observed uses the global rate;
+its first update starts from it), ``position`` one per draft position (P(accept j | reached j)).
 
 Exploration (``probe``, default 16). Acceptance is observed only on steps that propose, so a policy that
 chose k = 0 everywhere would never see acceptance again: one run of rejections that pulled the estimate
@@ -61,12 +62,21 @@ hill climb per request from it (``mode=request``) whose moves raise (lower) by o
 whose next node is worth most (last node least): a lone request rarely pays for the draft pass its deeper shape
 opens, a group can. The rank acceptance the policy
 believes in is the family's rank model with its own top-1 rate a: q[d][0] = a and q[d][r] = (1 - a) g_d(r), g_d the
-family's P(rank r | not rank 0) at depth d. It learns a from accepted lengths alone: the exponentially weighted maximum
-likelihood estimate, log-likelihoods of a on a grid of :data:`GRID` rates averaged with weight ``ema_weight`` = w (per
-request with ``acceptance=request``), from the pseudo-observation alpha_init log a + (1 - alpha_init) log(1 - a): a
-step in which n_o requests had outcome o = (k nodes verified, l accepted) updates L(a) <- (1 - w) L(a) + sum_o w n_o
-log P(l | shape(k), a), the terms added one at a time in the order their outcomes first appear in the batch. For a
-chain this is the ``tokens`` estimator above (its likelihood is A log a + R log(1 - a)), so the tree estimate is that
+family's P(rank r | not rank 0) at depth d. It learns a from accepted lengths alone, by online EM (Cappé and
+Moulines, "On-line expectation-maximization algorithm for latent data models", JRSS B 71(3), 2009): were the target's
+path observed, its ranks 0 (Z) and its trials (Z and the other ranks, M) would give the maximum-likelihood estimate
+Z / (Z + M) (the likelihood is a^Z (1 - a)^M times factors free of a); only its depth is observed, so each request
+adds the expected Z and Z + M given its accepted length l under shape(k) at the rate believed in (the E-step,
+:class:`_TreeBelief`), and the estimate is the ratio of their moving averages with weight ``ema_weight`` = w (per
+request with ``acceptance=request``) from the pseudo-observation (alpha_init, 1):
+
+    Z <- (1 - w) Z + w sum_i E[Z_i | l_i, shape(k_i), a],
+    T <- (1 - w) T + w sum_i E[Z_i + M_i | l_i, shape(k_i), a],
+
+the sums over the step's requests that verified a tree, in batch order; a = Z / T. Its fixed points are those of the
+likelihood of the lengths (EM's). The rate believed in is the midpoint of the cell of :data:`GRID` equal cells of
+[0, 1] that holds Z / T (the E-step is kept by cell, and so are the decisions). For a chain the E-step is exact, l and
+l + [l < k] at every rate: this is the ``tokens`` estimator above, bit for bit, so the tree estimate is that
 estimator's generalisation; ``acceptance=position`` and ``estimator`` do not apply to trees. A tree family that is a
 chain never reaches the policy (the engine runs it as chains).
 """
@@ -74,7 +84,6 @@ from __future__ import annotations
 
 import math
 import sys
-from collections import Counter
 from collections.abc import Callable
 from functools import reduce
 from itertools import repeat
@@ -88,7 +97,7 @@ from policies.errors import UserError
 from policies.params import ParamReader
 from policies.step_time import (TreeStep, UniformPricer, UniformTreePricer, shape_seconds, step_shape, tree_step,
                                 tree_step_seconds, uniform_pricer, uniform_step_seconds, uniform_tree_pricer)
-from policies.tree import TreeFamily, rank_prob
+from policies.tree import RankTable, TreeFamily, rank_prob
 
 SEQUENTIAL_SUM = sys.version_info < (3, 12)
 """Speed shortcut, switched here in one place: the expected tokens of a batch-wide k (one row's value added batch - 1
@@ -98,8 +107,8 @@ compensates), rather than by ``reduce(add, ...)``: the same sums (``tests/test_f
 
 MODES = ("batch", "request")
 GRID = 200
-"""Rates on the grid of the tree estimator (the midpoints of GRID equal cells of [0, 1]: within 1 / (2 GRID) of the
-weighted maximum-likelihood estimate)."""
+"""Cells of [0, 1] the tree estimate is read in: the rate believed in is its cell's midpoint, within 1 / (2 GRID) of
+the estimate (module docstring)."""
 ACCEPTANCE = ("global", "request", "position")
 SPAN_MARGIN = 1e-9
 """The relative lead a decision must have over every other k at the corners of a span (``Goodput.spans``): four orders
@@ -112,9 +121,6 @@ SPANS_KEPT = 4
 """Spans a goodput policy keeps by key (its decisions over different context totals)."""
 TREE_SPAN_RATES = (8, 2, 0)
 """Half-widths (grid steps) of the ranges of grid rates a tree's decision span is looked for over, widest first."""
-TERMS_KEPT = 4096
-"""Most terms w x (n x log P(a | shape(k))) (GRID floats each, 1.6 kB) a goodput policy keeps over token trees
-(``Goodput.fast_trees``): (k, a, n) for k nodes, a accepted, n requests; a run meets a few hundred."""
 ESTIMATORS = ("tokens", "ratio")
 Stepper = Callable[[list[int] | None, list[int] | None, int], list[int]]
 """``step(proposed, accepted, context_tokens)`` of :meth:`Goodput.plain_stepper`: the next step's proposals."""
@@ -143,10 +149,10 @@ class Goodput(Policy):
 
     fast_trees = True
     """Speed shortcut, switched here in one place: over token trees with one global estimate, the batch's expected
-    tokens by shape are kept by (rate, batch size, k_max), and the terms w x (n x log P(a | shape(k))) of a step's
-    evidence (n requests verified shape(k) and accepted a) by (k, a, n), at most :data:`TERMS_KEPT` of them, and the
-    estimate is updated in place; the same numbers from the same arithmetic, so the same decisions bit for bit
-    (``tests/test_fast_paths.py`` runs both). False: all worked out every step."""
+    tokens by shape are kept by (rate, batch size, k_max), and a step in which everyone verified one shape reads the
+    E-step's row of that shape by each request's length (:meth:`_observe_tree_uniform`); the same numbers from the same
+    arithmetic, so the same decisions bit for bit (``tests/test_fast_paths.py`` runs both). False: the expected tokens
+    worked out every decision, each request's E-step looked up by its own shape."""
 
     spans = True
     """Speed shortcut, switched here in one place: with one global estimate and one k (a tree: one shape) for the batch,
@@ -196,16 +202,13 @@ class Goodput(Policy):
         the wait last set) (:meth:`_new_span`)."""
         self._tree: _TreeBelief | None = None
         """Token trees: the family's shapes and the likelihoods of the top-1 rate (module docstring); None: chains."""
-        self._tree_loglik: np.ndarray | None = None
-        """Token trees: the weighted log-likelihood of each grid rate, shape (GRID,)."""
-        self._tree_by_request: dict[int, np.ndarray] = {}
-        """Token trees, ``acceptance=request``: each observed request's weighted log-likelihoods, shape (GRID,)."""
+        self._tree_pair = [self.alpha_init, 1.0]
+        """Token trees: moving averages (expected ranks 0, expected trials) of the target's paths; the estimate is their
+        ratio (module docstring)."""
+        self._tree_by_request: dict[int, list[float]] = {}
+        """Token trees, ``acceptance=request``: each observed request's own pair."""
         self._tree_totals: dict[tuple, list[float]] = {}
         """Token trees (``fast_trees``): the batch's expected tokens by shape, by (rate, batch size, k_max)."""
-        self._tree_terms: dict[tuple[int, int, int], np.ndarray] = {}
-        """Token trees (``fast_trees``): w x (n x log P(a | shape(k))) by (k, a, n) (:meth:`_observe_shared`)."""
-        self._tree_keep: np.ndarray | None = None
-        """Token trees (``fast_trees``): 1 - w at each grid rate (:meth:`_observe_shared`)."""
 
     # --- estimates ------------------------------------------------------------------------------
     @property
@@ -332,14 +335,12 @@ class Goodput(Policy):
         held = holding()  # (one read by an earlier stretch of steps of this batch serves)
         w = self.ema_weight
         keep, inline = 1 - w, not trees and self._tree is None and self.estimator == "tokens"
-        shared = self._observe_shared if trees and self.fast_trees else None  # observe_plain's path over trees
-        tree_uniform = self._observe_uniform if shared is not None else None  # its path where everyone proposed k
+        tree_uniform = self._observe_tree_uniform if trees and self.fast_trees else None  # observe_plain's path
+        # over trees where everyone proposed k
 
         def tell(proposed: list[int], accepted: list[int]) -> None:
             """:meth:`observe_plain` of a step in which someone proposed."""
-            if shared is not None and self._tree is not None:
-                shared(proposed, accepted)
-            elif not inline:
+            if not inline:
                 observe(proposed, accepted)
             else:  # observe_plain's update of a chain's estimate (tokens), written out
                 pair = self._global  # (read each step: a fleet's replica may put back a copy of the policy's state)
@@ -354,7 +355,7 @@ class Goodput(Policy):
             nonlocal held
             if held is not None:
                 low, high, lo, hi, k = held
-                rate = int(self._tree_loglik.argmax()) if trees else self._global[0] / self._global[1]  # as decided
+                rate = grid_index(self._tree_pair) if trees else self._global[0] / self._global[1]  # as decided
                 if low <= rate <= high and lo <= context_tokens <= hi:
                     self._last_k = k
                     self._steps += 1
@@ -423,10 +424,7 @@ class Goodput(Policy):
     def observe_plain(self, proposed: list[int], accepted: list[int]) -> None:
         """:meth:`observe` of a step's proposals and acceptances as lists (only while :attr:`steps_plain`)."""
         if self._tree is not None:
-            if not self.fast_trees:
-                self._observe_tree(proposed, accepted, None)
-            elif any(proposed):  # _observe_tree's (speed shortcut, see fast_trees)
-                self._observe_shared(proposed, accepted)
+            self._observe_tree(proposed, accepted, None)
             return
         if not any(proposed):
             return
@@ -669,9 +667,8 @@ class Goodput(Policy):
     # --- token trees (module docstring) ---------------------------------------------------------------
     def tree_rate(self, request_id: int | None = None) -> float:
         """The top-1 rate the policy believes in (its own request's with ``acceptance=request``, else the global)."""
-        loglik = self._tree_by_request.get(request_id, self._tree_loglik) if request_id is not None \
-            else self._tree_loglik
-        return float(self._tree.grid[loglik.argmax()])
+        pair = self._tree_pair if request_id is None else self._tree_by_request.get(request_id, self._tree_pair)
+        return float(self._tree.grid[grid_index(pair)])
 
     def _belief(self, family: TreeFamily) -> "_TreeBelief":
         """The belief over ``family``'s shapes, started from the prior at a new family."""
@@ -680,9 +677,8 @@ class Goodput(Policy):
                 raise UserError(f"policy {self.name}: acceptance=position is not modelled over token trees (use "
                                 "global or request)")
             self._tree = _TreeBelief(family)
-            self._tree_loglik = self._tree.prior(self.alpha_init)
-            self._tree_by_request, self._tree_totals, self._tree_terms = {}, {}, {}
-            self._tree_keep = np.full(GRID, 1 - self.ema_weight)
+            self._tree_pair = [self.alpha_init, 1.0]
+            self._tree_by_request, self._tree_totals = {}, {}
         return self._tree
 
     def _decide_tree(self, view: BatchView) -> None:
@@ -713,7 +709,7 @@ class Goodput(Policy):
         if self._tree is None or self._tree.family is not tree:
             self._belief(tree)
         k_max = self.k if self.k < max_k else max_k
-        at = int(self._tree_loglik.argmax())  # the grid rate's index: tree_rate's rate
+        at = grid_index(self._tree_pair)  # tree_rate's rate
         key = (batch, k_max, draft_cost, tree, at)
         if self.spans and cost_model is self._priced_on:  # (speed shortcut, see spans) a kept span holding them
             for span in self._spans.get(key, ()):
@@ -778,59 +774,38 @@ class Goodput(Policy):
                 ks[i] += delta
 
     def _observe_tree(self, proposed: list[int], accepted: list[int], request_ids: list[int] | None) -> None:
-        """One step of the weighted likelihoods (module docstring) from the accepted lengths of the requests that
-        verified a tree (global, and per request with ``acceptance=request``: ``request_ids`` given)."""
+        """One step of the online EM (module docstring) from the accepted lengths of the requests that verified a tree
+        (global, and per request with ``acceptance=request``: ``request_ids`` given): the step's expected ranks 0 and
+        trials, summed over its requests in batch order at the estimate's grid rate, averaged in with weight w."""
         if not any(proposed):
             return
-        loglik, w = self._tree.loglik, self.ema_weight
         by_request = self.acceptance == "request" and request_ids is not None
-        if self.fast_trees and not by_request:  # (speed shortcut, see fast_trees)
-            self._observe_shared(proposed, accepted)
+        if self.fast_trees and not by_request and proposed.count(proposed[0]) == len(proposed):  # (speed shortcut)
+            self._observe_tree_uniform(proposed[0], accepted)
             return
-        seen = Counter(zip(proposed, accepted))  # a batch's outcomes repeat: each row added once, times its count
-        prior = self.tree_rate() if by_request else 0.0
-        self._tree_loglik = reduce(add, (w * (n * loglik[k, a]) for (k, a), n in seen.items() if k),
-                                   (1 - w) * self._tree_loglik)
+        pair, w = self._tree_pair, self.ema_weight
+        hits, trials = self._tree.counts_at(grid_index(pair))
+        step_hits = sum(hits[k][a] for k, a in zip(proposed, accepted) if k)
+        step_trials = sum(trials[k][a] for k, a in zip(proposed, accepted) if k)
         if by_request:  # a request's first update starts from one pseudo-trial at the global rate
+            prior = pair[0] / pair[1]
             for rid, k, a in zip(request_ids, proposed, accepted):
                 if k:
-                    own = self._tree_by_request.get(rid)
-                    own = self._tree.prior(prior) if own is None else own
-                    self._tree_by_request[rid] = (1 - w) * own + w * loglik[k, a]
+                    own = self._tree_by_request.setdefault(rid, [prior, 1.0])
+                    own_hits, own_trials = self._tree.counts_at(grid_index(own))
+                    own[0] = (1 - w) * own[0] + w * own_hits[k][a]
+                    own[1] = (1 - w) * own[1] + w * own_trials[k][a]
+        pair[0] = (1 - w) * pair[0] + w * step_hits
+        pair[1] = (1 - w) * pair[1] + w * step_trials
 
-    def _observe_shared(self, proposed: list[int], accepted: list[int]) -> None:
-        """:meth:`_observe_tree` of the global estimate (speed shortcut, see ``fast_trees``): the same arithmetic on the
-        policy's own array, in place: times 1 - w (by an array of that number: each element's product is the same
-        double as by the scalar, and numpy multiplies by an array faster), then plus, one at a time in the order first
-        seen, w x (n x log P(a | shape(k))) of each of the step's outcomes (k, a), k > 0, n requests, each such term
-        kept once worked out."""
-        k = proposed[0]
-        if proposed.count(k) == len(proposed):  # one shape for everyone (the common step): its lengths' counts
-            self._observe_uniform(k, accepted)
-            return
-        terms, own = self._tree_terms, self._tree_loglik  # the policy's own array (the prior's, then updated here only)
-        np.multiply(own, self._tree_keep, own)
-        for ka, n in Counter(zip(proposed, accepted)).items():
-            if ka[0]:
-                term = terms.get(key := (*ka, n))
-                np.add(own, self._tree_term(key) if term is None else term, own)
-
-    def _observe_uniform(self, k: int, accepted: list[int]) -> None:
-        """:meth:`_observe_shared` of a step in which everyone verified shape(k), k > 0: the terms by accepted length in
-        the order first seen, n the requests that accepted it."""
-        terms, own, add, count = self._tree_terms, self._tree_loglik, np.add, accepted.count
-        np.multiply(own, self._tree_keep, own)
-        for a in dict.fromkeys(accepted):
-            term = terms.get(key := (k, a, count(a)))
-            add(own, self._tree_term(key) if term is None else term, own)
-
-    def _tree_term(self, key: tuple[int, int, int]) -> np.ndarray:
-        """w x (n x log P(a | shape(k))) of ``key`` = (k, a, n), kept (:meth:`_observe_shared`)."""
-        k, a, n = key
-        term = self.ema_weight * (n * self._tree.loglik[k, a])
-        if len(self._tree_terms) < TERMS_KEPT:
-            self._tree_terms[key] = term
-        return term
+    def _observe_tree_uniform(self, k: int, accepted: list[int]) -> None:
+        """:meth:`_observe_tree` of the global estimate from a step in which everyone verified shape(k), k > 0 (speed
+        shortcut, see ``fast_trees``): shape(k)'s rows read by length, the same sums in the same order."""
+        pair, w = self._tree_pair, self.ema_weight
+        hits, trials = self._tree.counts_at(grid_index(pair))
+        step_hits, step_trials = sum(map(hits[k].__getitem__, accepted)), sum(map(trials[k].__getitem__, accepted))
+        pair[0] = (1 - w) * pair[0] + w * step_hits
+        pair[1] = (1 - w) * pair[1] + w * step_trials
 
 
 def _group_sizes(n: int) -> list[int]:
@@ -845,35 +820,81 @@ def _group_sizes(n: int) -> list[int]:
 # -- token trees (module docstring) ------------------------------------------------------------------------------------
 class _TreeBelief:
     """What the policy believes of a tree family's shapes as a function of its top-1 rate a: each node's reach
-    a^z (1 - a)^m G (z ranks 0 on its path, m others, G the product of their conditional rank probabilities), and the
-    log-likelihood of each accepted length of each shape for every rate of the grid."""
+    a^z (1 - a)^m G (z ranks 0 on its path, m others, G the product of their conditional rank probabilities), and, for
+    each accepted length of each shape at every rate of the grid, the expected ranks 0 and trials of the target's path
+    given that length (the E-step of the online EM of the module docstring).
+
+    The target's path given accepted length l under shape(k) ends at a node v of depth l (the root for l = 0) with the
+    probability reach(v) stop(v) / P(l), where stop(v) = 1 - [v has its rank-0 child] a - (1 - a) G_c(v) is the chance
+    that its next token is none of v's children in the shape (G_c: their conditional rank probabilities, ranks >= 1;
+    1 at a leaf, whose next token the shape does not test). The path holds z(v) ranks 0 and m(v) others, and the
+    token after v, where v has children, is one more trial: a rank 0 only where the rank-0 child is not in the shape,
+    with probability a / stop(v); otherwise a rank the shape lacks. So E[ranks 0 | l] = sum_v reach (z stop + a
+    [children, no rank-0 child]) / P(l) and E[trials | l] = that + sum_v reach (m stop + (1 - a)(1 - G_c) [children])
+    / P(l). On a chain they are l and l + [l < k]: the ``tokens`` estimator's counts, at every rate."""
 
     def __init__(self, family: TreeFamily) -> None:
         self.family = family
         q = family.q
-        zeros, others, weight = [], [], []
+        zeros, others, weight, own = [], [], [], []
         for path in family.order:  # shape(k) holds the first k
             g = 1.0
             for d, r in enumerate(path, 1):
-                if r:
-                    top1 = rank_prob(q, d, 0)
-                    g *= rank_prob(q, d, r) / (1.0 - top1) if top1 < 1.0 else 0.0
+                g *= _conditional_rank(q, d, r) if r else 1.0
             zeros.append(sum(1 for r in path if r == 0))
             others.append(sum(1 for r in path if r))
             weight.append(g)
+            own.append(_conditional_rank(q, len(path), path[-1]) if path[-1] else 0.0)
         self.zeros, self.others, self.weight = (np.array(x, dtype=float) for x in (zeros, others, weight))
         self.grid = (np.arange(GRID) + 0.5) / GRID
-        # reach of node j at each grid rate, (nodes, GRID); survival P(L >= d | shape(k)) built node by node
-        reach = self.grid ** self.zeros[:, None] * (1.0 - self.grid) ** self.others[:, None] * self.weight[:, None]
-        depth = family.num_nodes and max(len(p) for p in family.order)
-        surv = np.zeros((family.num_nodes + 1, depth + 2, GRID))  # (k, d = 0..depth + 1, GRID)
-        surv[:, 0, :] = 1.0
-        for k, path in enumerate(family.order, 1):
-            surv[k] = surv[k - 1]
-            surv[k, len(path)] += reach[k - 1]
-        self.loglik = np.log(np.maximum(surv[:, :-1, :] - surv[:, 1:, :], 1e-300))
-        """log P(accepted = l | shape(k), a) at each grid rate, shape (k, l, GRID)."""
+        a, depth = self.grid, family.num_nodes and max(len(p) for p in family.order)
+        reach = [np.ones(GRID)] + list(a ** self.zeros[:, None] * (1.0 - a) ** self.others[:, None]
+                                       * self.weight[:, None])  # node j + 1's reach (0: the root's)
+        nodes = [()] + list(family.order)
+        index = {path: j for j, path in enumerate(nodes)}
+        zs, ms = [0.0] + zeros, [0.0] + others
+        state = [[False, 0.0, 0] for _ in nodes]  # (its rank-0 child in the shape, G_c, children in the shape)
+        shape = (family.num_nodes + 1, depth + 1, GRID)
+        ends, hits, trials = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+
+        def part(j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """Node j's terms of P(l), of E[ranks 0 | l] P(l) and of E[trials | l] P(l) (class docstring)."""
+            has0, g, children = state[j]
+            stop = 1.0 - (a if has0 else 0.0) - (1.0 - a) * g
+            zero = zs[j] * stop + (a if children and not has0 else 0.0)
+            other = ms[j] * stop + ((1.0 - a) * (1.0 - g) if children else 0.0)
+            return reach[j] * stop, reach[j] * zero, reach[j] * (zero + other)
+
+        parts = {0: part(0)}
+        ends[0, 0], hits[0, 0], trials[0, 0] = parts[0]
+        for k, path in enumerate(family.order, 1):  # shape(k): shape(k - 1) and the node path, a leaf under parent
+            parent = state[index[path[:-1]]]
+            parent[2] += 1
+            if path[-1]:
+                parent[1] += own[k - 1]
+            else:
+                parent[0] = True
+            parts[index[path[:-1]]], parts[k] = part(index[path[:-1]]), part(k)
+            ends[k], hits[k], trials[k] = ends[k - 1], hits[k - 1], trials[k - 1]
+            for d in {len(path) - 1, len(path)}:  # the depths whose sums changed, summed afresh in canonical order
+                at_d = [parts[j] for j in sorted((j for j in parts if len(nodes[j]) == d), key=nodes.__getitem__)]
+                for out, i in ((ends, 0), (hits, 1), (trials, 2)):
+                    out[k, d] = reduce(add, (p[i] for p in at_d))
+        with np.errstate(divide="ignore", invalid="ignore"):  # a length the model gives no chance: no evidence
+            self.hits = np.where(ends > 0.0, hits / ends, 0.0)
+            """E[ranks 0 on the target's path | accepted l, shape(k)] at each grid rate, shape (k, l, GRID)."""
+            self.trials = np.where(ends > 0.0, trials / ends, 0.0)
+            """E[trials (ranks 0 and others) | accepted l, shape(k)] at each grid rate, shape (k, l, GRID)."""
+        self._counts: dict[int, tuple[list[list[float]], list[list[float]]]] = {}
         self._expected: dict[float, list[float]] = {}
+
+    def counts_at(self, at: int) -> tuple[list[list[float]], list[list[float]]]:
+        """:attr:`hits` and :attr:`trials` at the grid rate of index ``at``, as lists by [k][l] (kept once worked
+        out)."""
+        found = self._counts.get(at)
+        if found is None:
+            found = self._counts[at] = (self.hits[:, :, at].tolist(), self.trials[:, :, at].tolist())
+        return found
 
     def expected(self, rates: np.ndarray) -> np.ndarray:
         """E[accepted | shape(k)] for k = 0..num_nodes (columns) at each rate of ``rates`` (rows): the running sum of
@@ -889,6 +910,15 @@ class _TreeBelief:
             found = self._expected[rate] = self.expected(np.array([rate]))[0].tolist()
         return found
 
-    def prior(self, alpha: float) -> np.ndarray:
-        """The log-likelihood of one pseudo-trial of alpha successes at each grid rate (the estimators' start)."""
-        return alpha * np.log(self.grid) + (1.0 - alpha) * np.log(1.0 - self.grid)
+
+def _conditional_rank(q: RankTable, depth: int, rank: int) -> float:
+    """P(rank ``rank`` >= 1 | not rank 0) at ``depth`` under the rank table ``q`` (0 where rank 0 is certain)."""
+    top1 = rank_prob(q, depth, 0)
+    return rank_prob(q, depth, rank) / (1.0 - top1) if top1 < 1.0 else 0.0
+
+
+def grid_index(pair: list[float]) -> int:
+    """The index of the grid cell holding the estimate pair[0] / pair[1] (a rate in [0, 1]): the tree estimate's grid
+    rate, :data:`GRID` equal cells' midpoints."""
+    at = int(pair[0] / pair[1] * GRID)
+    return at if at < GRID else GRID - 1

@@ -595,7 +595,7 @@ def test_a_decision_span_holds_at_every_point_of_it(which, trees):
         policy = Goodput(7, bonus=float(rng.choice([1.0, 1.1])))
         if trees:
             policy._belief(family)
-            policy._tree_loglik = -np.abs(np.arange(GRID) - rng.integers(120, 190)).astype(float)  # a peak
+            policy._tree_pair = [(rng.integers(120, 190) + 0.5) / GRID, 1.0]  # a grid rate's estimate
         else:
             policy._global = [float(rng.random()), 1.0]
         _decided(policy, batch, int(batch * rng.integers(10, 6000)), cost, max_k, draft, family)
@@ -610,7 +610,7 @@ def test_a_decision_span_holds_at_every_point_of_it(which, trees):
                 contexts = {lo, hi, min(lo + 1, hi), max(hi - 1, lo), *rng.integers(lo, hi + 1, 3).tolist()}
                 for rate in rates:
                     if trees:
-                        fresh._tree_loglik = np.where(np.arange(GRID) == rate, 0.0, -1.0)  # argmax: that rate
+                        fresh._tree_pair = [(rate + 0.5) / GRID, 1.0]  # that grid rate
                     else:
                         fresh._global = [float(rate), 1.0]
                     for context in contexts:
@@ -645,7 +645,7 @@ def test_goodput_with_decision_spans_decides_as_pricing_every_step(trees, which)
                                      model.draw_tree(rids, proposed, family))
                 proposals.append(proposed)
         seen[spans] = (proposals, [str(w.message) for w in caught], list(policy._global),
-                       None if not trees else policy._tree_loglik.tolist())
+                       list(policy._tree_pair))
         if spans:
             assert bool(policy._spans) == (which != "interp")
     assert seen[True] == seen[False]
@@ -695,7 +695,7 @@ def test_a_goodput_stepper_is_observe_then_propose(trees, params):
                 context += sum(accepted) + batch
             policy.observe_plain(proposed, accepted)
         seen[stepper] = (proposals, list(policy._global), policy._steps, policy._last_k, policy._idle,
-                         policy._probes, None if family is None else policy._tree_loglik.tolist())
+                         policy._probes, list(policy._tree_pair))
     assert seen["hold"] == seen["step"] == seen["plain"]
     assert 4 * asked.count("step") < 3 * asked.count("plain")  # the stepper asked propose_plain for < 3/4 of its steps
     assert asked.count("hold") == asked.count("step")

@@ -392,8 +392,9 @@ def test_a_measured_rank_table_selects_the_by_rank_model(capsys, tmp_path):
 
 # -- the goodput policy's belief over trees ----------------------------------------------------------------------------
 def test_the_tree_estimate_of_a_chain_is_the_tokens_estimator():
-    """Weighted maximum likelihood from accepted lengths: on a chain it is the chain's ratio of moving averages of
-    accepted tokens and trials (to the grid's half cell)."""
+    """Online EM from accepted lengths: on a chain a length l of k is l ranks 0 and l + [l < k] trials whatever the
+    rate, so the estimate is the chain's ratio of moving averages of accepted tokens and trials, bit for bit, and the
+    rate believed in is the grid cell that holds it."""
     from policies.base import StepOutcome
     from policies.goodput import GRID, Goodput
 
@@ -405,7 +406,87 @@ def test_the_tree_estimate_of_a_chain_is_the_tokens_estimator():
         accepted = np.minimum(rng.geometric(0.35, 5) - 1, proposed)
         for policy in (tree, chain):
             policy.observe(StepOutcome(0.0, np.arange(5), proposed, accepted, 0.01))
+        assert tree._tree_pair == chain._global
         assert abs(tree.tree_rate() - chain.acceptance_estimate) <= 0.5 / GRID + 1e-12
+
+
+def _enumerated_counts(family, a):
+    """E[ranks 0 | l] and E[trials | l] of each shape k and accepted length l at top-1 rate ``a``, by walking every
+    sequence of the target's ranks (0, each candidate rank, or beyond them all) under the family's rank model: the
+    path passes each node in the shape; where it stops at a node with children in the shape, the rank it stopped on
+    is one more trial (a rank 0 where that child is missing)."""
+    from policies.goodput import _conditional_rank
+
+    ranks = max(len(row) for row in family.q)
+    out = {}
+    for k in range(1, family.num_nodes + 1):
+        shape = family.shape(k)
+        sums = {}
+
+        def walk(node, p, zeros, trials):
+            depth = len(node) + 1
+            g = [_conditional_rank(family.q, depth, r) for r in range(1, ranks)]
+            options = [(0, a)] + [(r, (1 - a) * gr) for r, gr in enumerate(g, 1)] + [(None, (1 - a) * (1 - sum(g)))]
+            children = any(shape.has(node + (r,)) for r in range(ranks))
+            for r, pr in options:
+                if pr == 0:
+                    continue
+                if r is not None and shape.has(node + (r,)):
+                    walk(node + (r,), p * pr, zeros + (r == 0), trials + 1)
+                else:
+                    extra = (r == 0, 1) if children else (0, 0)
+                    s = sums.setdefault(len(node), [0.0, 0.0, 0.0])
+                    s[0] += p * pr
+                    s[1] += p * pr * (zeros + extra[0])
+                    s[2] += p * pr * (trials + extra[1])
+
+        walk((), 1.0, 0, 0)
+        out[k] = {length: (z / p, t / p) for length, (p, z, t) in sums.items()}
+    return out
+
+
+@pytest.mark.parametrize("tree", [VLLM_TREE, "[(1,), (2,), (1, 0), (1, 1), (2, 0)]", "sglang"])
+def test_the_expected_ranks_and_trials_of_a_length_are_those_of_every_path_of_the_target(tree):
+    """The E-step of the tree estimate (``_TreeBelief``'s closed form) against exhaustive enumeration of the target's
+    ranks, on vLLM's tree, one without rank-0 children (the draft's first choice left out) and SGLang's default tree,
+    at several grid rates."""
+    from policies.goodput import _TreeBelief
+
+    q = rank_table((0.5,), (0.4, 0.2, 0.1, 0.05))
+    shape = TreeShape.sglang(5, 4, 8, q) if tree == "sglang" else TreeShape.parse(tree)
+    belief = _TreeBelief(TreeFamily(shape, q))
+    for at in (7, 60, 100, 151, 190):
+        want = _enumerated_counts(belief.family, float(belief.grid[at]))
+        hits, trials = belief.counts_at(at)
+        for k, by_length in want.items():
+            for length, (z, t) in by_length.items():
+                assert (hits[k][length], trials[k][length]) == pytest.approx((z, t), rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("rate", [0.2, 0.55, 0.9])
+@pytest.mark.parametrize("tree", [VLLM_TREE, "sglang"])
+def test_the_tree_estimate_finds_the_rate_the_lengths_were_drawn_at(rate, tree):
+    """Distribution-level: accepted lengths drawn by the simulator's acceptance model over the family's shapes (a mix of
+    shapes, as goodput's decisions make them) at a known top-1 rate; the estimate settles on it."""
+    from policies.base import StepOutcome
+    from policies.goodput import Goodput
+
+    ranks = (0.4, 0.2, 0.1, 0.05)
+    q = rank_table((0.5,), ranks)
+    shape = TreeShape.sglang(5, 4, 8, q) if tree == "sglang" else TreeShape.parse(tree)
+    family = TreeFamily(shape, q)
+    model = ConstantAcceptance(rate, np.random.default_rng(7))
+    model.ranks = ranks
+    policy = Goodput(family.num_nodes, ema_weight=0.01)
+    policy._belief(family)
+    rng, estimates = np.random.default_rng(8), []
+    for step in range(4000):
+        ks = rng.integers(0, family.num_nodes + 1, 8).tolist()
+        policy.observe(StepOutcome(0.0, np.arange(8), np.array(ks), np.array(model.draw_tree(list(range(8)), ks,
+                                                                                            family)), 0.01))
+        if step >= 1000:
+            estimates.append(policy._tree_pair[0] / policy._tree_pair[1])
+    assert np.mean(estimates) == pytest.approx(rate, abs=0.015)
 
 
 class FlatTreeCost:
