@@ -434,9 +434,7 @@ class Goodput(Policy):
             pair[0] = (1 - w) * pair[0] / pair[1] + w * hits / float(sum(proposed))
             pair[1] = 1.0
         else:
-            trials = hits + float(sum(map(lt, accepted, proposed)))  # requests whose draft was cut short
-            pair[0] = (1 - w) * pair[0] + w * hits
-            pair[1] = (1 - w) * pair[1] + w * trials
+            average_in(pair, w, hits, hits + float(sum(map(lt, accepted, proposed))))  # + requests cut short
 
     def _update(self, pair: list[float], proposed: np.ndarray, accepted: np.ndarray) -> None:
         """One EMA step of an (accepted, trials) pair with this step's outcome (``estimator`` decides the trials)."""
@@ -446,9 +444,7 @@ class Goodput(Policy):
             pair[0] = (1 - w) * pair[0] / pair[1] + w * hits / float(proposed.sum())
             pair[1] = 1.0
         else:
-            trials = hits + float(np.count_nonzero(accepted < proposed))
-            pair[0] = (1 - w) * pair[0] + w * hits
-            pair[1] = (1 - w) * pair[1] + w * trials
+            average_in(pair, w, hits, hits + float(np.count_nonzero(accepted < proposed)))
 
     def finish(self, request_id: int) -> None:
         self._by_request.pop(request_id, None)
@@ -793,19 +789,23 @@ class Goodput(Policy):
                 if k:
                     own = self._tree_by_request.setdefault(rid, [prior, 1.0])
                     own_hits, own_trials = self._tree.counts_at(grid_index(own))
-                    own[0] = (1 - w) * own[0] + w * own_hits[k][a]
-                    own[1] = (1 - w) * own[1] + w * own_trials[k][a]
-        pair[0] = (1 - w) * pair[0] + w * step_hits
-        pair[1] = (1 - w) * pair[1] + w * step_trials
+                    average_in(own, w, own_hits[k][a], own_trials[k][a])
+        average_in(pair, w, step_hits, step_trials)
 
     def _observe_tree_uniform(self, k: int, accepted: list[int]) -> None:
         """:meth:`_observe_tree` of the global estimate from a step in which everyone verified shape(k), k > 0 (speed
         shortcut, see ``fast_trees``): shape(k)'s rows read by length, the same sums in the same order."""
-        pair, w = self._tree_pair, self.ema_weight
+        pair = self._tree_pair
         hits, trials = self._tree.counts_at(grid_index(pair))
-        step_hits, step_trials = sum(map(hits[k].__getitem__, accepted)), sum(map(trials[k].__getitem__, accepted))
-        pair[0] = (1 - w) * pair[0] + w * step_hits
-        pair[1] = (1 - w) * pair[1] + w * step_trials
+        average_in(pair, self.ema_weight, sum(map(hits[k].__getitem__, accepted)),
+                   sum(map(trials[k].__getitem__, accepted)))
+
+
+def average_in(pair: list[float], w: float, hits: float, trials: float) -> None:
+    """One step of the moving averages (accepted, trials) ``pair`` with weight ``w`` (``estimator=tokens`` and the tree
+    estimate's: module docstring), in place."""
+    pair[0] = (1 - w) * pair[0] + w * hits
+    pair[1] = (1 - w) * pair[1] + w * trials
 
 
 def _group_sizes(n: int) -> list[int]:
@@ -836,48 +836,43 @@ class _TreeBelief:
     def __init__(self, family: TreeFamily) -> None:
         self.family = family
         q = family.q
-        zeros, others, weight, own = [], [], [], []
+        zeros, others, weight = [], [], []
         for path in family.order:  # shape(k) holds the first k
             g = 1.0
             for d, r in enumerate(path, 1):
                 g *= _conditional_rank(q, d, r) if r else 1.0
-            zeros.append(sum(1 for r in path if r == 0))
-            others.append(sum(1 for r in path if r))
+            zeros.append(path.count(0))
+            others.append(len(path) - path.count(0))
             weight.append(g)
-            own.append(_conditional_rank(q, len(path), path[-1]) if path[-1] else 0.0)
         self.zeros, self.others, self.weight = (np.array(x, dtype=float) for x in (zeros, others, weight))
-        self.grid = (np.arange(GRID) + 0.5) / GRID
-        a, depth = self.grid, family.num_nodes and max(len(p) for p in family.order)
-        reach = [np.ones(GRID)] + list(a ** self.zeros[:, None] * (1.0 - a) ** self.others[:, None]
-                                       * self.weight[:, None])  # node j + 1's reach (0: the root's)
-        nodes = [()] + list(family.order)
-        index = {path: j for j, path in enumerate(nodes)}
-        zs, ms = [0.0] + zeros, [0.0] + others
-        state = [[False, 0.0, 0] for _ in nodes]  # (its rank-0 child in the shape, G_c, children in the shape)
-        shape = (family.num_nodes + 1, depth + 1, GRID)
+        self.grid = a = (np.arange(GRID) + 0.5) / GRID
+        nodes = a ** self.zeros[:, None] * (1.0 - a) ** self.others[:, None] * self.weight[:, None]
+        reach = {(): np.ones(GRID)} | dict(zip(family.order, nodes))  # by node (the root's: 1)
+        state = {(): [False, 0.0, 0]}  # by node: (its rank-0 child in the shape, G_c, its children in the shape)
+        shape = (family.num_nodes + 1, family.full.depth + 1, GRID)
         ends, hits, trials = np.zeros(shape), np.zeros(shape), np.zeros(shape)
 
-        def part(j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            """Node j's terms of P(l), of E[ranks 0 | l] P(l) and of E[trials | l] P(l) (class docstring)."""
-            has0, g, children = state[j]
+        def part(path: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """The node's terms of P(l), of E[ranks 0 | l] P(l) and of E[trials | l] P(l) (class docstring)."""
+            has0, g, children = state[path]
             stop = 1.0 - (a if has0 else 0.0) - (1.0 - a) * g
-            zero = zs[j] * stop + (a if children and not has0 else 0.0)
-            other = ms[j] * stop + ((1.0 - a) * (1.0 - g) if children else 0.0)
-            return reach[j] * stop, reach[j] * zero, reach[j] * (zero + other)
+            zero = path.count(0) * stop + (a if children and not has0 else 0.0)
+            other = (len(path) - path.count(0)) * stop + ((1.0 - a) * (1.0 - g) if children else 0.0)
+            return reach[path] * stop, reach[path] * zero, reach[path] * (zero + other)
 
-        parts = {0: part(0)}
-        ends[0, 0], hits[0, 0], trials[0, 0] = parts[0]
-        for k, path in enumerate(family.order, 1):  # shape(k): shape(k - 1) and the node path, a leaf under parent
-            parent = state[index[path[:-1]]]
+        parts = {(): part(())}
+        ends[0, 0], hits[0, 0], trials[0, 0] = parts[()]
+        for k, path in enumerate(family.order, 1):  # shape(k): shape(k - 1) and the node path, a leaf under its parent
+            parent, state[path] = state[path[:-1]], [False, 0.0, 0]
             parent[2] += 1
             if path[-1]:
-                parent[1] += own[k - 1]
+                parent[1] += _conditional_rank(q, len(path), path[-1])
             else:
                 parent[0] = True
-            parts[index[path[:-1]]], parts[k] = part(index[path[:-1]]), part(k)
+            parts[path[:-1]], parts[path] = part(path[:-1]), part(path)
             ends[k], hits[k], trials[k] = ends[k - 1], hits[k - 1], trials[k - 1]
             for d in {len(path) - 1, len(path)}:  # the depths whose sums changed, summed afresh in canonical order
-                at_d = [parts[j] for j in sorted((j for j in parts if len(nodes[j]) == d), key=nodes.__getitem__)]
+                at_d = [parts[node] for node in sorted(parts) if len(node) == d]
                 for out, i in ((ends, 0), (hits, 1), (trials, 2)):
                     out[k, d] = reduce(add, (p[i] for p in at_d))
         with np.errstate(divide="ignore", invalid="ignore"):  # a length the model gives no chance: no evidence

@@ -46,6 +46,7 @@ import pandas as pd
 from scipy.optimize import brentq, least_squares
 
 from policies.errors import FlagParser, exit_on_user_error
+from policies.goodput import expected_tokens
 from profiles.analytical import DATA_DIR, Deployment, Efficiency, GPUS, Placement, analytical_profile, pass_cost
 from profiles.architectures import Architecture
 from profiles.architectures.moe import MoE, woken_experts
@@ -296,7 +297,7 @@ def routing_readings(setup: Setup) -> pd.DataFrame:
     speeds = measurements(setup.speed_series, "fit", "no_spec_tok_s").set_index("batch_size")["no_spec_tok_s"]
     gains = pd.concat([measurements(setup.spec_series, use, "speedup") for use in ("fit", "check")]
                       ).set_index("batch_size")["speedup"]
-    length = 1 + float(np.sum(np.cumprod(setup.positions)))
+    length = float(expected_tokens(setup.positions)[-1])  # tokens a step emits a request
     without = {b: b / speeds[b] for b in speeds.index if b in gains.index}  # the published steps, seconds
     with_spec = {b: b * length / (gains[b] * speeds[b]) for b in without}
     rows = []
